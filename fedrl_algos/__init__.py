@@ -1,0 +1,1 @@
+"""fedrl algorithms: a batched functional core and SB3-style classes."""

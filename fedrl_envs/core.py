@@ -1,0 +1,404 @@
+"""The contract every fedrl task family implements, and the two environments built on it.
+
+A *family* is one parameterized MDP written once as pure batched torch functions; a *task* is one
+value of its frozen parameter dataclass; a heterogeneous population is the same dataclass with its
+tensor fields stacked along a leading agent axis (:func:`stack_params`). The single-agent
+:class:`FamilyEnv` and the native vector env :class:`FamilyVectorEnv` both call the family's
+kernels, so there is exactly one copy of the dynamics. Time limits and autoreset live here, in one
+place, not in the kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from fedrl_envs.rng import RandomStreams, derive_keys
+
+__all__ = [
+    "TaskFamily",
+    "FamilyEnv",
+    "FamilyVectorEnv",
+    "stack_params",
+    "repeat_params",
+    "params_to",
+    "index_params",
+]
+
+P = TypeVar("P")
+
+
+def _tensor_fields(params: Any) -> list[str]:
+    return [f.name for f in dataclasses.fields(params) if isinstance(getattr(params, f.name), torch.Tensor)]
+
+
+def stack_params(tasks: Sequence[P]) -> P:
+    """Stack task parameters along a new leading agent axis.
+
+    Tensor fields are stacked; every other field (grid size, horizon, ...) must be equal across
+    tasks because it fixes shapes or episode length for the whole batch.
+
+    :param tasks: non-empty sequence of parameter dataclasses of one family
+    :return: one dataclass whose tensor fields have a leading axis of length ``len(tasks)``
+    """
+    if len(tasks) == 0:
+        raise ValueError("tasks must be a non-empty sequence of task parameters")
+    first = tasks[0]
+    if any(type(t) is not type(first) for t in tasks):
+        raise TypeError("tasks must all be parameters of the same family")
+    tensor_names = _tensor_fields(first)
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(first):
+        values = [getattr(t, f.name) for t in tasks]
+        if f.name in tensor_names:
+            changes[f.name] = torch.stack(values)
+        elif any(v != values[0] for v in values):
+            raise ValueError(
+                f"field {f.name!r} must be equal for every task in one batch, got {sorted(set(values))}"
+            )
+    return dataclasses.replace(first, **changes)
+
+
+def repeat_params(params: P, repeats: int) -> P:
+    """Repeat each row of stacked parameters ``repeats`` times (agent-major flat batch)."""
+    changes = {n: getattr(params, n).repeat_interleave(repeats, dim=0) for n in _tensor_fields(params)}
+    return dataclasses.replace(params, **changes)
+
+
+def index_params(params: P, index: Any) -> P:
+    """Select rows of stacked parameters (any torch index along the leading axis)."""
+    changes = {n: getattr(params, n)[index] for n in _tensor_fields(params)}
+    return dataclasses.replace(params, **changes)
+
+
+def params_to(params: P, device: torch.device | str) -> P:
+    """Move every tensor field to ``device``."""
+    changes = {n: getattr(params, n).to(device) for n in _tensor_fields(params)}
+    return dataclasses.replace(params, **changes)
+
+
+class TaskFamily(ABC, Generic[P]):
+    """A parameterized MDP: batched kernels plus its catalogue of tasks.
+
+    Kernels act on a flat batch ``[N, ...]`` with parameters whose tensor fields have leading
+    size ``N`` (use :func:`repeat_params` to expand per-agent parameters to per-env rows).
+    """
+
+    #: registered Gymnasium id, e.g. ``"fedrl/GridWorld-v0"``
+    env_id: ClassVar[str]
+    #: number of uniform numbers :meth:`reset` consumes per environment
+    reset_noise_dim: ClassVar[int]
+
+    # --- kernels -------------------------------------------------------------------------------
+    @abstractmethod
+    def reset(self, params: P, noise: torch.Tensor) -> torch.Tensor:
+        """Initial states ``[N, ...]`` from uniform noise ``[N, reset_noise_dim]`` in [0, 1)."""
+
+    @abstractmethod
+    def step(
+        self, state: torch.Tensor, action: torch.Tensor, params: P
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One transition of a batch: ``(next_state, reward, terminated)``."""
+
+    def observe(self, state: torch.Tensor, params: P) -> torch.Tensor:
+        """Observation of a state (the state itself unless a family says otherwise)."""
+        return state
+
+    # --- spaces and tasks ----------------------------------------------------------------------
+    @abstractmethod
+    def observation_space(self, params: P) -> gym.Space:
+        """Observation space of one environment."""
+
+    @abstractmethod
+    def action_space(self, params: P) -> gym.Space:
+        """Action space of one environment."""
+
+    @abstractmethod
+    def horizon(self, params: P) -> int | None:
+        """Last time index ``H`` of an episode (``H + 1`` steps), or ``None`` for no fixed limit."""
+
+    @abstractmethod
+    def make_params(self, **kwargs: Any) -> P:
+        """Validated task parameters from ``gym.make`` keyword arguments."""
+
+    @property
+    @abstractmethod
+    def train_tasks(self) -> list[P]:
+        """The training tasks of the paper's experiments, in order (``agent=k`` picks task k)."""
+
+    @property
+    def heldout_tasks(self) -> list[P]:
+        """Tasks held out of training (for few-shot evaluation); empty unless a family has them."""
+        return []
+
+    def validate_action(self, action: torch.Tensor, params: P) -> None:
+        """Raise ``ValueError`` unless ``action`` is a valid batch of actions."""
+        space = self.action_space(params)
+        if isinstance(space, gym.spaces.Discrete):
+            if action.dtype in (torch.float16, torch.float32, torch.float64, torch.bool):
+                raise TypeError(f"action must be an integer tensor, got dtype {action.dtype}")
+            if action.numel() and (bool((action < space.start).any()) or bool((action >= space.start + space.n).any())):
+                raise ValueError(
+                    f"action must lie in [{space.start}, {space.start + space.n - 1}], got values in "
+                    f"[{int(action.min())}, {int(action.max())}]"
+                )
+
+    def make_env(self, task: P | None = None, **kwargs: Any) -> gym.Env:
+        """``gym.make`` the family's id for one task (parameters or keyword arguments)."""
+        if task is not None:
+            kwargs = {**self.task_kwargs(task), **kwargs}
+        return gym.make(self.env_id, **kwargs)
+
+    @abstractmethod
+    def task_kwargs(self, task: P) -> dict[str, Any]:
+        """The ``gym.make`` keyword arguments that recreate ``task``."""
+
+    def describe_task(self, task: P) -> str:
+        """Short human-readable description of a task (used by ``fedrl envs``)."""
+        return ", ".join(f"{k}={v}" for k, v in self.task_kwargs(task).items())
+
+
+class FamilyEnv(gym.Env, Generic[P]):
+    """A single-agent ``gymnasium.Env`` over a :class:`TaskFamily` kernel (batch of one).
+
+    Subclasses set ``family`` and document the task arguments; keyword arguments are passed to
+    ``family.make_params``.
+    """
+
+    family: ClassVar[TaskFamily]
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **task_kwargs: Any) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.render_mode = render_mode
+        self.params = self.family.make_params(**task_kwargs)
+        self._batch_params = stack_params([self.params])
+        self.observation_space = self.family.observation_space(self.params)
+        self.action_space = self.family.action_space(self.params)
+        self._horizon = self.family.horizon(self.params)
+        self._streams: RandomStreams | None = None
+        self._state: torch.Tensor | None = None
+        self._t = 0
+
+    # The state is exposed so tests and planners can put the env into any state.
+    @property
+    def state(self) -> torch.Tensor:
+        """Current kernel state (batch of one, first axis dropped)."""
+        if self._state is None:
+            raise RuntimeError("call reset() before reading the state")
+        return self._state[0]
+
+    def set_state(self, state: Any, t: int = 0) -> Any:
+        """Put the environment into ``state`` at time index ``t``; returns the observation."""
+        template = self.family.reset(self._batch_params, torch.zeros(1, self.family.reset_noise_dim))
+        self._state = torch.as_tensor(state, dtype=template.dtype).reshape(template.shape)
+        self._t = int(t)
+        return self._obs()
+
+    def _obs(self) -> Any:
+        obs = self.family.observe(self._state, self._batch_params)[0]
+        if isinstance(self.observation_space, gym.spaces.Discrete):
+            return int(obs)
+        return obs.cpu().numpy().astype(self.observation_space.dtype)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        if seed is not None or self._streams is None:
+            key_seed = seed if seed is not None else int(self.np_random.integers(2**62))
+            # Same keys as agent 0 of a vector env seeded alike, so the two produce the same starts.
+            self._streams = RandomStreams(derive_keys(key_seed, torch.arange(1)))
+        noise = self._streams.uniform((1, self.family.reset_noise_dim)).reshape(1, -1)
+        self._state = self.family.reset(self._batch_params, noise)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        if not self.action_space.contains(action):
+            raise ValueError(f"action must be an element of {self.action_space}, got {action!r}")
+        action_t = torch.as_tensor(np.asarray(action)).reshape((1, *self.action_space.shape))
+        self._state, reward, terminated = self.family.step(self._state, action_t, self._batch_params)
+        self._t += 1
+        truncated = self._horizon is not None and self._t >= self._horizon + 1
+        return self._obs(), float(reward[0]), bool(terminated[0]), bool(truncated), {}
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._render_ansi()
+        return None
+
+    def _render_ansi(self) -> str:
+        return f"{type(self).__name__}(state={self.state.tolist()}, t={self._t})"
+
+
+class FamilyVectorEnv(VectorEnv):
+    """Native batched environment: ``n_agents × n_envs`` copies of a family on a torch device.
+
+    Row ``i * n_envs + j`` is agent ``i``'s environment ``j`` (agent-major). Every agent has its
+    own task parameters and its own random stream, so an agent's trajectories depend neither on
+    the other agents nor on where the batch runs. Observations, rewards and flags are torch
+    tensors on ``device``. Autoreset is ``SAME_STEP``: when an episode ends, the returned
+    observation is already the first of the next episode and ``info["final_obs"]`` (with mask
+    ``info["_final_obs"]``) holds the last observation of the finished one.
+
+    This is also the ``vector_entry_point`` of every registered family, where all environments
+    share one task (``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")``).
+
+    :param family: the task family
+    :param tasks: per-agent task parameters (a list, or stacked parameters)
+    :param n_envs: environments per agent
+    :param device: torch device of the whole batch
+    :param seed: seed of the agents' random streams (drawn at random when ``None``)
+    :param autoreset: ``False`` gives the fixed-horizon mode (no reset until :meth:`reset`)
+    """
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+
+    def __init__(
+        self,
+        family: TaskFamily,
+        tasks: Sequence[Any] | Any,
+        n_envs: int = 1,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        autoreset: bool = True,
+    ) -> None:
+        if isinstance(n_envs, bool) or not isinstance(n_envs, int | np.integer):
+            raise TypeError(f"n_envs must be an int, got {type(n_envs).__name__}")
+        if n_envs < 1:
+            raise ValueError(f"n_envs must be >= 1, got {n_envs}")
+        self.family = family
+        self.device = torch.device(device)
+        agent_params = stack_params(list(tasks)) if isinstance(tasks, Sequence) else tasks
+        self.agent_params = params_to(agent_params, self.device)
+        self.n_agents = int(getattr(self.agent_params, _tensor_fields(self.agent_params)[0]).shape[0])
+        self.n_envs = int(n_envs)
+        self.num_envs = self.n_agents * self.n_envs
+        self.params = repeat_params(self.agent_params, self.n_envs)
+        one_task = index_params(self.agent_params, 0)
+        self.single_observation_space = family.observation_space(one_task)
+        self.single_action_space = family.action_space(one_task)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.horizon = family.horizon(one_task)
+        self.autoreset = autoreset
+        self.metadata = dict(self.metadata)
+        self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP if autoreset else AutoresetMode.DISABLED
+        self.render_mode = None
+        self.closed = False
+        self._seed = seed
+        self.streams = self._make_streams(seed)
+        self._state: torch.Tensor | None = None
+        self._t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+
+    def _make_streams(self, seed: int | None) -> RandomStreams:
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 2)
+        return RandomStreams(derive_keys(seed, torch.arange(self.n_agents)), self.device)
+
+    # --- helpers -------------------------------------------------------------------------------
+    def structured(self, batch: torch.Tensor) -> torch.Tensor:
+        """View a flat batch ``[num_envs, ...]`` as ``[n_agents, n_envs, ...]`` (no copy)."""
+        return batch.reshape(self.n_agents, self.n_envs, *batch.shape[1:])
+
+    def _draw_reset_states(self) -> torch.Tensor:
+        noise = self.streams.uniform((self.n_envs, self.family.reset_noise_dim))
+        return self.family.reset(self.params, noise.reshape(self.num_envs, -1))
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError("this environment is closed; create a new one instead of stepping it")
+
+    def _as_action_tensor(self, actions: Any) -> torch.Tensor:
+        if isinstance(actions, torch.Tensor):
+            action_t = actions.to(self.device)
+        else:
+            arr = np.asarray(actions)
+            if arr.dtype == object:
+                raise TypeError(f"actions must be a numeric array or tensor, got {type(actions).__name__}")
+            action_t = torch.as_tensor(arr, device=self.device)
+        expected = (self.num_envs, *self.single_action_space.shape)
+        if tuple(action_t.shape) != expected:
+            raise ValueError(f"actions must have shape {expected} (num_envs, *action_shape), got {tuple(action_t.shape)}")
+        self.family.validate_action(action_t, self.params)
+        return action_t
+
+    @property
+    def state(self) -> torch.Tensor:
+        """Current flat kernel state ``[num_envs, ...]``."""
+        if self._state is None:
+            raise RuntimeError("call reset() before reading the state")
+        return self._state
+
+    def set_state(self, state: torch.Tensor, t: torch.Tensor | int = 0) -> torch.Tensor:
+        """Put every environment into ``state`` (flat batch) at time index ``t``; returns observations."""
+        self._state = torch.as_tensor(state, device=self.device)
+        self._t = torch.as_tensor(t, dtype=torch.int64, device=self.device).expand(self.num_envs).clone()
+        return self.family.observe(self._state, self.params)
+
+    # --- VectorEnv API -------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset every environment; ``seed`` (an int) re-keys the agents' streams."""
+        self._check_open()
+        if isinstance(seed, list | tuple):
+            if len(set(seed)) != 1:
+                raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
+            seed = seed[0]
+        if seed is not None:
+            self.streams = self._make_streams(int(seed))
+            self._seed = int(seed)
+        self._state = self._draw_reset_states()
+        self._t.zero_()
+        return self.family.observe(self._state, self.params), {}
+
+    def step(
+        self, actions: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Step all environments; see the class docstring for autoreset and info keys."""
+        self._check_open()
+        if self._state is None:
+            raise RuntimeError("call reset() before step()")
+        action_t = self._as_action_tensor(actions)
+        next_state, reward, terminated = self.family.step(self._state, action_t, self.params)
+        t = self._t + 1
+        if self.horizon is None:
+            truncated = torch.zeros_like(terminated)
+        else:
+            truncated = t >= self.horizon + 1
+        obs = self.family.observe(next_state, self.params)
+        info: dict[str, Any] = {}
+        if self.autoreset:
+            done = terminated | truncated
+            # One truthiness check per step; resets are drawn only when some episode ended.
+            if bool(done.any()):
+                fresh = self._draw_reset_states()
+                mask = done.reshape(done.shape + (1,) * (next_state.dim() - 1))
+                info["final_obs"] = obs
+                info["_final_obs"] = done
+                next_state = torch.where(mask, fresh, next_state)
+                t = torch.where(done, 0, t)
+                obs = self.family.observe(next_state, self.params)
+        self._state = next_state
+        self._t = t
+        return obs, reward, terminated, truncated, info
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self._state = None
+
+    @classmethod
+    def from_gym_kwargs(cls, family: TaskFamily, num_envs: int = 1, device: str = "cpu", seed: int | None = None, **task_kwargs: Any) -> FamilyVectorEnv:
+        """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs."""
+        return cls(family, [family.make_params(**task_kwargs)], n_envs=num_envs, device=device, seed=seed)

@@ -1,0 +1,246 @@
+"""The tabular gridworld family of the Per-FedAvg-PG paper (appendix C.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from fedrl_envs.core import FamilyEnv, TaskFamily
+
+__all__ = ["GridWorldParams", "GridWorldFamily", "GridWorldEnv", "GRIDWORLD", "gridworld_goals"]
+
+# Action k moves by (dx, dy) = _MOVES[k]: up, down, left, right (y grows downwards).
+_MOVES = ((0, -1), (0, 1), (-1, 0), (1, 0))
+ACTION_NAMES = ("up", "down", "left", "right")
+
+
+@dataclass(frozen=True)
+class GridWorldParams:
+    """Parameters of one gridworld task (or of a stack of tasks).
+
+    :param goal: goal cell ``(x, y)`` as an int64 tensor ``[..., 2]``
+    :param size: side length of the square grid
+    :param horizon: last time index H (an episode has H + 1 steps)
+    """
+
+    goal: torch.Tensor
+    size: int = 5
+    horizon: int = 15
+
+    @property
+    def n_states(self) -> int:
+        return self.size * self.size
+
+    @property
+    def goal_index(self) -> torch.Tensor:
+        """Goal state index ``y * size + x``, shape ``[...]``."""
+        return self.goal[..., 1] * self.size + self.goal[..., 0]
+
+
+def gridworld_goals(size: int = 5) -> list[tuple[int, int]]:
+    """The paper's 8 goals for a ``size × size`` grid: corners, then edge midpoints."""
+    last, mid = size - 1, (size - 1) // 2
+    return [(0, 0), (last, 0), (0, last), (last, last), (mid, 0), (0, mid), (last, mid), (mid, last)]
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                value = int(value)
+            else:
+                raise TypeError
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < low or (high is not None and value > high):
+        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be in {allowed}, got {value}")
+    return int(value)
+
+
+class GridWorldFamily(TaskFamily[GridWorldParams]):
+    """Kernels and task catalogue of ``fedrl/GridWorld-v0``."""
+
+    env_id = "fedrl/GridWorld-v0"
+    reset_noise_dim = 1
+    default_size = 5
+
+    # --- kernels -------------------------------------------------------------------------------
+    def reset(self, params: GridWorldParams, noise: torch.Tensor) -> torch.Tensor:
+        # Uniform over the S - 1 non-goal cells: draw an index among them, then skip the goal.
+        n_choices = params.n_states - 1
+        idx = torch.clamp((noise[:, 0].to(torch.float64) * n_choices).long(), max=n_choices - 1)
+        goal = params.goal_index.to(idx.device)
+        return idx + (idx >= goal).long()
+
+    def step(
+        self, state: torch.Tensor, action: torch.Tensor, params: GridWorldParams
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        size = params.size
+        moves = torch.tensor(_MOVES, dtype=torch.int64, device=state.device)[action.long()]
+        x = torch.clamp(state % size + moves[..., 0], 0, size - 1)
+        y = torch.clamp(state // size + moves[..., 1], 0, size - 1)
+        reward = (state == params.goal_index).to(torch.float32)
+        return y * size + x, reward, torch.zeros_like(state, dtype=torch.bool)
+
+    # --- exact model (derived from the kernel, never written twice) ----------------------------
+    def next_state_table(self, params: GridWorldParams) -> torch.Tensor:
+        """Deterministic transitions: ``table[..., s, a]`` is the next state, int64 ``[..., S, A]``."""
+        s, a = params.n_states, len(_MOVES)
+        batch = params.goal.shape[:-1]
+        device = params.goal.device
+        states = torch.arange(s, device=device).repeat_interleave(a).expand(*batch, s * a)
+        actions = torch.arange(a, device=device).repeat(s).expand(*batch, s * a)
+        every_pair = GridWorldParams(params.goal.unsqueeze(-2).expand(*batch, s * a, 2), params.size, params.horizon)
+        return self.step(states, actions, every_pair)[0].reshape(*batch, s, a)
+
+    def transition_tensor(self, params: GridWorldParams, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``P[..., s, a, s']`` as a dense one-hot tensor (deterministic dynamics)."""
+        table = self.next_state_table(params)
+        return torch.nn.functional.one_hot(table, params.n_states).to(dtype)
+
+    def reward_vector(self, params: GridWorldParams, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``r[..., s]``: the reward of acting in state ``s`` (independent of the action)."""
+        states = torch.arange(params.n_states, device=params.goal.device)
+        return (states == params.goal_index.unsqueeze(-1)).to(dtype)
+
+    def start_distribution(self, params: GridWorldParams, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``mu[..., s]``: uniform over the non-goal cells."""
+        not_goal = 1.0 - self.reward_vector(params, dtype)
+        return not_goal / (params.n_states - 1)
+
+    # --- spaces and tasks ----------------------------------------------------------------------
+    def observation_space(self, params: GridWorldParams) -> gym.Space:
+        return gym.spaces.Discrete(params.n_states)
+
+    def action_space(self, params: GridWorldParams) -> gym.Space:
+        return gym.spaces.Discrete(len(_MOVES))
+
+    def horizon(self, params: GridWorldParams) -> int:
+        return params.horizon
+
+    def make_params(
+        self,
+        agent: int | None = None,
+        goal: tuple[int, int] | None = None,
+        size: int = 5,
+        horizon: int = 15,
+    ) -> GridWorldParams:
+        """Validated parameters; ``agent`` picks one of the 8 paper goals, ``goal`` any cell."""
+        size = _check_int("size", size, 2)
+        horizon = _check_int("horizon", horizon, 1)
+        goals = gridworld_goals(size)
+        if agent is not None and goal is not None:
+            raise ValueError("pass either agent or goal, not both")
+        if goal is None:
+            agent = 0 if agent is None else _check_int("agent", agent, 0, len(goals) - 1)
+            goal = goals[agent]
+        try:
+            gx, gy = goal
+        except (TypeError, ValueError):
+            raise TypeError(f"goal must be a pair (x, y) of ints, got {goal!r}") from None
+        gx = _check_int("goal x", gx, 0, size - 1)
+        gy = _check_int("goal y", gy, 0, size - 1)
+        return GridWorldParams(goal=torch.tensor([gx, gy], dtype=torch.int64), size=size, horizon=horizon)
+
+    @property
+    def train_tasks(self) -> list[GridWorldParams]:
+        return [self.make_params(agent=k, size=self.default_size) for k in range(8)]
+
+    @property
+    def heldout_tasks(self) -> list[GridWorldParams]:
+        """Every other cell of the grid (the paper reports no held-out gridworld experiment)."""
+        train = set(gridworld_goals(self.default_size))
+        return [
+            self.make_params(goal=(x, y), size=self.default_size)
+            for y in range(self.default_size)
+            for x in range(self.default_size)
+            if (x, y) not in train
+        ]
+
+    def task_kwargs(self, task: GridWorldParams) -> dict[str, Any]:
+        return {"goal": tuple(int(v) for v in task.goal.tolist()), "size": task.size, "horizon": task.horizon}
+
+
+GRIDWORLD = GridWorldFamily()
+
+
+class GridWorldEnv(FamilyEnv[GridWorldParams]):
+    """
+    ## Description
+
+    The tabular gridworld family of Per-FedAvg-PG (appendix C.1): an agent walks on a
+    ``size × size`` grid towards a goal cell. Every task of the family has the same dynamics and
+    differs only in its goal; the paper's federation has 8 agents with goals at the four corners
+    and the four edge midpoints.
+
+    ## Action Space
+
+    ``Discrete(4)``: 0 up (y − 1), 1 down (y + 1), 2 left (x − 1), 3 right (x + 1). A move off the
+    grid leaves the agent in place.
+
+    ## Observation Space
+
+    ``Discrete(size * size)``: the cell index ``s = y * size + x``.
+
+    ## Rewards
+
+    1 when the state the action is taken in is the goal cell, else 0: the reward of step h is
+    r(s_h), collected at every step including the first. The goal is not absorbing.
+
+    ## Starting State
+
+    Uniform over the ``size * size - 1`` non-goal cells.
+
+    ## Episode End
+
+    Nothing terminates early. After ``horizon + 1`` steps (the paper's h = 0..H; 16 steps by
+    default) the episode is truncated (``truncated=True``).
+
+    ## Arguments
+
+    * ``agent``: index 0..7 of the paper's task (goals (0,0), (4,0), (0,4), (4,4), (2,0), (0,2),
+      (4,2), (2,4) for size 5); default 0.
+    * ``goal``: any goal cell ``(x, y)`` instead of ``agent``.
+    * ``size``: grid side length (>= 2), default 5. ``horizon``: H (>= 1), default 15.
+
+    ```python
+    >>> import gymnasium as gym, fedrl_envs
+    >>> env = gym.make("fedrl/GridWorld-v0", agent=3)
+    >>> obs, info = env.reset(seed=0)
+    >>> env.unwrapped.params.goal.tolist()
+    [4, 4]
+    >>> env.observation_space, env.action_space
+    (Discrete(25), Discrete(4))
+
+    ```
+
+    ## Version History
+
+    * v0: initial version, following appendix C.1 of the Per-FedAvg-PG paper.
+    """
+
+    family = GRIDWORLD
+
+    def __init__(
+        self,
+        agent: int | None = None,
+        goal: tuple[int, int] | None = None,
+        size: int = 5,
+        horizon: int = 15,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(render_mode=render_mode, agent=agent, goal=goal, size=size, horizon=horizon)
+
+    def _render_ansi(self) -> str:
+        size, s = self.params.size, int(self.state)
+        goal = int(self.params.goal_index)
+        rows = []
+        for y in range(size):
+            rows.append("".join("A" if y * size + x == s else "G" if y * size + x == goal else "." for x in range(size)))
+        return "\n".join(rows) + "\n"

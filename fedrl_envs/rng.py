@@ -1,0 +1,134 @@
+"""Counter-based random streams: one independent stream per row of a batch.
+
+A ``torch.Generator`` is one sequential stream, so a batch of agents drawing from one generator
+would make agent ``i``'s numbers depend on how many agents come before it, and a Python loop over
+per-agent generators would put a loop over agents on every hot path. Instead every stream here is
+a *key* (a 64-bit integer derived from a seed and a stream index) plus a *counter*; the ``j``-th
+number of a stream is a pure hash of ``(key, counter + j)`` (SplitMix64). Consequences:
+
+* all streams of a batch are drawn in one vectorized call, on any device;
+* a stream's numbers depend only on its own key and counter, never on the other rows of the batch;
+* CPU and CUDA produce bitwise-identical numbers (integer arithmetic only);
+* the whole state is two integer tensors, so it saves, loads and copies exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["RandomStreams", "mix64", "derive_keys"]
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+_MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MUL2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors (torch's ``>>`` is arithmetic for signed types)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finalizer: a bijective avalanche hash of int64 tensors (wrapping arithmetic)."""
+    x = x + _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MUL1
+    x = (x ^ _shr(x, 27)) * _MUL2
+    return x ^ _shr(x, 31)
+
+
+def derive_keys(seed: int | torch.Tensor, index: int | torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """Stream keys for ``(seed, index)`` pairs; broadcasting like ``seed + index``.
+
+    :param seed: a seed or an int64 tensor of seeds (e.g. one per run)
+    :param index: stream indices within a seed (e.g. agent positions)
+    :return: int64 tensor of keys
+    """
+    seed_t = torch.as_tensor(seed, dtype=torch.int64)
+    index_t = torch.as_tensor(index, dtype=torch.int64, device=seed_t.device)
+    return mix64(mix64(seed_t) ^ mix64(index_t * 2 + 1))
+
+
+class RandomStreams:
+    """A batch of independent random streams, one per row (agent, run, ...).
+
+    :param keys: int64 tensor of stream keys, any shape ``batch_shape`` (see :func:`derive_keys`)
+    :param device: device of the streams and of every number they draw
+    """
+
+    def __init__(self, keys: torch.Tensor, device: torch.device | str | None = None) -> None:
+        keys = torch.as_tensor(keys, dtype=torch.int64)
+        if device is not None:
+            keys = keys.to(device)
+        self.keys = keys
+        self.counters = torch.zeros_like(keys)
+
+    @classmethod
+    def from_seed(
+        cls, seed: int, n_streams: int, device: torch.device | str | None = None
+    ) -> RandomStreams:
+        """``n_streams`` streams derived from one integer seed (stream ``i`` has index ``i``)."""
+        if not isinstance(seed, int | torch.Tensor) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        return cls(derive_keys(seed, torch.arange(n_streams)), device)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.keys.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    def bits(self, shape: Sequence[int]) -> torch.Tensor:
+        """Draw ``prod(shape)`` 64-bit words per stream: int64 tensor ``[*batch_shape, *shape]``."""
+        shape = tuple(int(s) for s in shape)
+        count = 1
+        for s in shape:
+            count *= s
+        offsets = torch.arange(count, dtype=torch.int64, device=self.device).reshape(shape)
+        idx = self.counters.reshape(self.keys.shape + (1,) * len(shape)) + offsets
+        out = mix64(self.keys.reshape(idx.shape[: self.keys.dim()] + (1,) * len(shape)) + idx * _GOLDEN)
+        self.counters = self.counters + count
+        return out
+
+    def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uniform numbers in ``[0, 1)``: tensor ``[*batch_shape, *shape]`` of ``dtype``."""
+        words = self.bits(shape)
+        if dtype == torch.float64:
+            return _shr(words, 11).to(torch.float64) * (2.0**-53)
+        # 24 bits fit a float32 mantissa exactly, so the result is never rounded up to 1.0.
+        return (_shr(words, 40).to(torch.float32) * (2.0**-24)).to(dtype)
+
+    def normal(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Standard normal numbers (Box-Muller on two uniform draws)."""
+        u = self.uniform((2, *shape), dtype=torch.float64)
+        u1, u2 = u.unbind(self.keys.dim())
+        z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2.0 * torch.pi * u2)
+        return z.to(dtype)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full state: keys and counters (copies)."""
+        return {"keys": self.keys.clone(), "counters": self.counters.clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a state from :meth:`state_dict` (moved to this object's device)."""
+        self.keys = state["keys"].to(self.device, torch.int64).clone()
+        self.counters = state["counters"].to(self.device, torch.int64).clone()
+
+    def to(self, device: torch.device | str) -> RandomStreams:
+        """Move the streams (same numbers on every device)."""
+        self.keys = self.keys.to(device)
+        self.counters = self.counters.to(device)
+        return self
+
+    def __getitem__(self, index: int | slice | torch.Tensor) -> RandomStreams:
+        """A new object holding a copy of the selected streams (keys and counters)."""
+        out = RandomStreams.__new__(RandomStreams)
+        out.keys = self.keys[index].clone()
+        out.counters = self.counters[index].clone()
+        return out
+
+    def __repr__(self) -> str:
+        return f"RandomStreams(batch_shape={tuple(self.batch_shape)}, device={self.device})"

@@ -1,0 +1,1 @@
+"""Federated vectorized environments and adapters to other RL libraries."""
