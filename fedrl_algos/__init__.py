@@ -1,1 +1,9 @@
-"""fedrl algorithms: a batched functional core and SB3-style classes."""
+"""fedrl algorithms: a batched functional core and SB3-style classes.
+
+>>> from fedrl_algos import PerFedAvgPG, FedAvgPG, IndependentPG
+"""
+
+from fedrl_algos.per_fedavg import FedAvgPG, IndependentPG, PerFedAvgPG
+from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
+
+__all__ = ["FedAvgPG", "FlatPolicy", "IndependentPG", "MlpPolicy", "PerFedAvgPG", "TabularPolicy"]

@@ -1,0 +1,165 @@
+"""One federation, batched over independent runs: state, rounds and adaptation.
+
+A :class:`Federation` holds everything a run needs that is not a hyperparameter: the family, the
+agents' stacked task parameters, the flat policy, and the random streams of every ``(run, agent)``
+pair. Its methods are the batched programs the algorithm classes and the experiments share:
+``R`` runs of ``n`` agents are one tensor program with batch ``[R, n]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedrl_algos.core.estimators import policy_gradient
+from fedrl_algos.core.meta import GradientEstimator, aggregate, local_update
+from fedrl_algos.core.rollout import Sampler, Trajectories, rollout
+from fedrl_envs.core import TaskFamily, index_params
+from fedrl_envs.rng import RandomStreams, derive_keys, mix64
+
+__all__ = ["Federation", "run_keys", "adapt_parameters"]
+
+# Stream indices within a run's seed: agents use 0..n-1; these offsets keep other consumers apart.
+_SERVER_STREAM = 1 << 40
+_EVAL_STREAM = 1 << 41
+
+
+def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0) -> torch.Tensor:
+    """Stream keys ``[R, n]`` for runs seeded ``seeds [R]`` (agent ``i`` of run ``r``)."""
+    return derive_keys(seeds.reshape(-1, 1), torch.arange(n_agents).reshape(1, -1) + offset)
+
+
+@dataclass
+class Federation:
+    """``R`` independent runs of an ``n``-agent federation on one device.
+
+    :param family: task family
+    :param agent_params: per-agent task parameters stacked ``[n]``
+    :param policy: flat policy shared by all agents
+    :param seeds: one integer seed per run ``[R]``
+    :param gamma: discount
+    """
+
+    family: TaskFamily
+    agent_params: Any
+    policy: Any
+    seeds: torch.Tensor
+    gamma: float = 0.9
+
+    def __post_init__(self) -> None:
+        self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
+        first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
+        self.n_agents = int(first.shape[0])
+        self.n_runs = int(self.seeds.shape[0])
+        self.device = self.policy.theta.device
+        rows = torch.arange(self.n_agents).repeat(self.n_runs)
+        self.row_params = index_params(self.agent_params, rows.to(first.device))
+        self.streams = RandomStreams(run_keys(self.seeds, self.n_agents), self.device)
+        self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
+        self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM), self.device)
+        self.sampler = Sampler(self.family, self.row_params, self.policy, self.streams)
+        self.eval_sampler = Sampler(self.family, self.row_params, self.policy, self.eval_streams)
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Random-stream state of every consumer (training, server sampling, evaluation)."""
+        return {
+            "streams": self.streams.state_dict(),
+            "server_streams": self.server_streams.state_dict(),
+            "eval_streams": self.eval_streams.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Restore the random-stream state saved by :meth:`state_dict`."""
+        self.streams.load_state_dict(state["streams"])
+        self.server_streams.load_state_dict(state["server_streams"])
+        self.eval_streams.load_state_dict(state["eval_streams"])
+
+    @property
+    def horizon(self) -> int:
+        return int(self.family.horizon(self.agent_params))
+
+    def broadcast(self, theta: torch.Tensor) -> torch.Tensor:
+        """Server parameters ``[R, d]`` → every agent's copy ``[R, n, d]``."""
+        return theta.unsqueeze(-2).expand(self.n_runs, self.n_agents, theta.shape[-1])
+
+    def participation(self, agents_per_round: int | None) -> torch.Tensor | None:
+        """Mask ``[R, n]`` of agents sampled without replacement for one round (``None`` = all)."""
+        if agents_per_round is None or agents_per_round >= self.n_agents:
+            return None
+        u = self.server_streams.uniform((self.n_agents,))
+        chosen = torch.argsort(u, dim=-1)[..., :agents_per_round]
+        return torch.zeros_like(u).scatter_(-1, chosen, 1.0)
+
+    def round(
+        self,
+        theta: torch.Tensor,
+        estimator: GradientEstimator,
+        beta: float,
+        tau: int,
+        agents_per_round: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One communication round (Algorithm 1): broadcast, ``τ`` local steps, average.
+
+        :return: the new server parameters ``[R, d]`` and the participation mask used
+        """
+        mask = self.participation(agents_per_round)
+        local = local_update(estimator, self.sampler, self.broadcast(theta), beta, tau)
+        return aggregate(local, mask), mask
+
+    def independent_steps(self, theta: torch.Tensor, estimator: GradientEstimator, beta: float, steps: int) -> torch.Tensor:
+        """``steps`` local steps of every agent on its own parameters ``[R, n, d]``, no averaging."""
+        return local_update(estimator, self.sampler, theta, beta, steps)
+
+    def evaluate(self, theta: torch.Tensor, n_trajectories: int) -> torch.Tensor:
+        """Monte Carlo discounted return of every agent ``[R, n]`` under ``theta`` (``[R, d]`` or ``[R, n, d]``)."""
+        if theta.dim() == 2:
+            theta = self.broadcast(theta)
+        traj = self.eval_sampler(theta, n_trajectories)
+        return traj.returns(self.gamma).mean(-1)
+
+    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int) -> torch.Tensor:
+        """One policy-gradient adaptation step per agent from the evaluation streams ``[R, n, d]``."""
+        if theta.dim() == 2:
+            theta = self.broadcast(theta)
+        if alpha == 0 or n_trajectories == 0:
+            return theta
+        traj = self.eval_sampler(theta, n_trajectories)
+        return theta + alpha * policy_gradient(self.policy, theta, traj, self.gamma)
+
+
+def adapt_parameters(
+    family: TaskFamily,
+    params: Any,
+    policy: Any,
+    theta: torch.Tensor,
+    streams: RandomStreams,
+    n_trajectories: int,
+    steps: int = 1,
+    step_size: float = 1.0,
+    gamma: float = 0.9,
+) -> tuple[torch.Tensor, list[Trajectories]]:
+    """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps of ``n_trajectories`` each.
+
+    :return: adapted parameters ``[*B, d]`` and the trajectories used
+    """
+    used = []
+    for _ in range(steps):
+        traj = rollout(family, params, policy, theta, streams, n_trajectories)
+        theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
+        used.append(traj)
+    return theta, used
+
+
+def seed_from_entropy() -> int:
+    """A fresh non-negative 62-bit seed (for ``seed=None``)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 2)
+
+
+def combine_seed(seed: int, salt: int) -> int:
+    """Deterministic derived seed (e.g. one per repetition of an experiment)."""
+    return int(mix64(torch.tensor(seed * 1_000_003 + salt)).item() & ((1 << 62) - 1))
+

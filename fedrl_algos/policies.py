@@ -1,0 +1,285 @@
+"""Policies over flat parameter vectors with arbitrary leading batch dimensions.
+
+Every policy is an SB3 ``BasePolicy`` (so ``predict`` works as in SB3, and its single parameter
+``theta`` — the shared initialization, flat ``[d]`` — saves and loads with SB3 utilities), and its
+math takes the parameters *explicitly*: ``log_prob(theta, obs, actions)`` accepts ``theta`` of shape
+``[*B, d]`` and observations ``[*B, *M, *obs_shape]``, so one call evaluates a whole federation
+(``B = (run, agent)``) on all of its trajectories (``M = (traj, time)``).
+
+Parameter layouts (documented because experiments and tests index into them):
+
+* :class:`TabularPolicy`: ``theta[s * A + a]`` is the logit of action ``a`` in state ``s`` (row-major
+  ``[S, A]``), initialized to zero (the uniform policy).
+* :class:`MlpPolicy`: per layer ``W`` (``[in, out]``, row-major) then ``b`` (``[out]``), layers in
+  order. The paper's arc-navigation network 2 → 32 tanh → 8 has ``d = 2·32 + 32 + 32·8 + 8 = 360``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
+from torch import nn
+
+from fedrl_envs.rng import RandomStreams, derive_keys
+
+__all__ = ["FlatPolicy", "TabularPolicy", "MlpPolicy", "sample_categorical"]
+
+
+def sample_categorical(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: ``uniform[...]`` in [0, 1) → action index ``[...]`` (int64)."""
+    cdf = torch.softmax(logits, dim=-1).cumsum(-1)
+    return (cdf < uniform.unsqueeze(-1).to(cdf.dtype)).sum(-1).clamp_(max=logits.shape[-1] - 1)
+
+
+class FlatPolicy(BasePolicy):
+    """Base class: a stochastic policy whose parameters are one flat vector.
+
+    :param observation_space: observation space of one environment
+    :param action_space: action space of one environment
+    :param dtype: floating dtype of the parameters (float32 is about 2× faster; float64 for checks)
+    """
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(observation_space, action_space)
+        self.param_dtype = dtype
+        self.theta = nn.Parameter(self.initial_parameters(), requires_grad=False)
+
+    # --- to implement --------------------------------------------------------------------------
+    @property
+    def n_params(self) -> int:
+        """Number of parameters d."""
+        raise NotImplementedError
+
+    def initial_parameters(self) -> torch.Tensor:
+        """The default initialization ``[d]``."""
+        raise NotImplementedError
+
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log π(a | s; θ)`` of shape ``[*B, *M]`` for ``theta [*B, d]``, ``obs [*B, *M, ...]``."""
+        raise NotImplementedError
+
+    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        """Actions ``[*B, *M, ...]`` drawn from the policy with each row's own random stream."""
+        raise NotImplementedError
+
+    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The most likely action (deterministic prediction)."""
+        raise NotImplementedError
+
+    # --- SB3 interface -------------------------------------------------------------------------
+    def _predict(self, observation: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        theta = self.theta.detach()
+        obs = observation.to(self.theta.device)
+        if deterministic:
+            return self.mode(theta, obs)
+        if not hasattr(self, "_predict_streams"):
+            self._predict_streams = RandomStreams(derive_keys(np.random.randint(2**62), torch.arange(1)))
+        return self.sample(theta, obs.unsqueeze(0), self._predict_streams)[0]
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return self._predict(obs, deterministic)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(dtype=self.param_dtype)
+        return data
+
+
+class _CategoricalMixin:
+    """Shared pieces of policies with a ``Discrete`` action space."""
+
+    def logits(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(self.logits(theta, obs), dim=-1)
+        return torch.gather(logp, -1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        logits = self.logits(theta, obs)
+        batch_dims = streams.keys.dim()
+        u = streams.uniform(logits.shape[batch_dims:-1], dtype=logits.dtype)
+        return sample_categorical(logits, u)
+
+    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return self.logits(theta, obs).argmax(-1)
+
+
+class TabularPolicy(_CategoricalMixin, FlatPolicy):
+    """Per-state softmax ``π(a|s) = softmax(θ[s, :])`` for ``Discrete`` observations and actions.
+
+    :param observation_space: ``Discrete(S)``
+    :param action_space: ``Discrete(A)``
+    :param dtype: parameter dtype
+    """
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32, **_: Any) -> None:
+        if not isinstance(observation_space, spaces.Discrete) or not isinstance(action_space, spaces.Discrete):
+            raise ValueError(
+                f"policy TabularPolicy needs Discrete observation and action spaces, got {observation_space} and {action_space}"
+            )
+        self.n_states = int(observation_space.n)
+        self.n_actions = int(action_space.n)
+        super().__init__(observation_space, action_space, dtype)
+
+    @property
+    def n_params(self) -> int:
+        return self.n_states * self.n_actions
+
+    def initial_parameters(self) -> torch.Tensor:
+        return torch.zeros(self.n_params, dtype=self.param_dtype)
+
+    def logits(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        table = theta.reshape(*theta.shape[:-1], self.n_states, self.n_actions)
+        batch = theta.shape[:-1]
+        idx = obs.long().reshape(*batch, -1, 1).expand(*batch, -1, self.n_actions)
+        out = torch.gather(table, -2, idx)
+        return out.reshape(*obs.shape, self.n_actions)
+
+
+class MlpPolicy(_CategoricalMixin, FlatPolicy):
+    """Multilayer perceptron with a softmax (``Discrete`` actions) or Gaussian (``Box``) head.
+
+    The default architecture and initialization are the paper's arc-navigation network:
+    one hidden layer of 32 tanh units, first-layer weights ~ N(0, 0.5²), last-layer weights
+    ~ N(0, 0.1²), biases zero, drawn from ``init_seed`` — so every run of an experiment starts
+    from the same shared initialization unless it asks for another seed.
+
+    For ``Box`` actions the head outputs the mean and the policy adds a state-independent
+    ``log_std`` vector (initialized to ``log_std_init``) as the last ``action_dim`` parameters.
+
+    :param observation_space: a flat ``Box``
+    :param action_space: ``Discrete(A)`` or a ``Box``
+    :param net_arch: hidden layer sizes
+    :param activation: ``"tanh"`` or ``"relu"``
+    :param init_std: standard deviation of each weight layer's initialization (first, ..., last);
+        a single float applies to all layers
+    :param init_seed: seed of the initialization
+    :param log_std_init: initial log standard deviation (Gaussian head only)
+    :param dtype: parameter dtype
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        net_arch: Sequence[int] = (32,),
+        activation: str = "tanh",
+        init_std: float | Sequence[float] = (0.5, 0.1),
+        init_seed: int = 0,
+        log_std_init: float = 0.0,
+        dtype: torch.dtype = torch.float32,
+        **_: Any,
+    ) -> None:
+        if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
+            raise ValueError(f"policy MlpPolicy needs a flat Box observation space, got {observation_space}")
+        if isinstance(action_space, spaces.Discrete):
+            self.gaussian = False
+            out_dim = int(action_space.n)
+        elif isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
+            self.gaussian = True
+            out_dim = int(action_space.shape[0])
+        else:
+            raise ValueError(f"policy MlpPolicy needs a Discrete or flat Box action space, got {action_space}")
+        if activation not in ("tanh", "relu"):
+            raise ValueError(f"activation must be 'tanh' or 'relu', got {activation!r}")
+        self.sizes = [int(observation_space.shape[0]), *[int(h) for h in net_arch], out_dim]
+        n_layers = len(self.sizes) - 1
+        stds = [float(init_std)] * n_layers if isinstance(init_std, int | float) else [float(s) for s in init_std]
+        if len(stds) == 2 and n_layers > 2:
+            stds = [stds[0]] * (n_layers - 1) + [stds[1]]
+        if len(stds) != n_layers:
+            raise ValueError(f"init_std must give one value per weight layer ({n_layers}), got {init_std}")
+        self.net_arch, self.activation_name, self.init_std = list(net_arch), activation, stds
+        self.init_seed, self.log_std_init = int(init_seed), float(log_std_init)
+        self.action_dim = out_dim
+        super().__init__(observation_space, action_space, dtype)
+
+    @property
+    def n_params(self) -> int:
+        d = sum(i * o + o for i, o in zip(self.sizes[:-1], self.sizes[1:]))
+        return d + (self.action_dim if self.gaussian else 0)
+
+    def initial_parameters(self, seed: int | None = None) -> torch.Tensor:
+        """The initialization from ``seed`` (default ``init_seed``): ``[d]``."""
+        streams = RandomStreams(derive_keys(self.init_seed if seed is None else seed, torch.arange(1)))
+        z = streams.normal((self.n_params,), dtype=torch.float64)[0]
+        pieces, offset = [], 0
+        for (i, o), std in zip(zip(self.sizes[:-1], self.sizes[1:]), self.init_std):
+            pieces.append(z[offset : offset + i * o] * std)
+            pieces.append(torch.zeros(o, dtype=torch.float64))
+            offset += i * o + o
+        if self.gaussian:
+            pieces.append(torch.full((self.action_dim,), self.log_std_init, dtype=torch.float64))
+        return torch.cat(pieces).to(self.param_dtype)
+
+    def sample_initializations(self, seeds: torch.Tensor) -> torch.Tensor:
+        """Fresh initializations, one per seed: ``[len(seeds), d]`` (for from-scratch baselines)."""
+        return torch.stack([self.initial_parameters(int(s)) for s in seeds])
+
+    def _layers(self, theta: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        batch = theta.shape[:-1]
+        layers, offset = [], 0
+        for i, o in zip(self.sizes[:-1], self.sizes[1:]):
+            w = theta[..., offset : offset + i * o].reshape(*batch, i, o)
+            b = theta[..., offset + i * o : offset + i * o + o]
+            layers.append((w, b))
+            offset += i * o + o
+        return layers
+
+    def head(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """Network output ``[*B, *M, out]`` (logits, or the Gaussian mean)."""
+        batch = theta.shape[:-1]
+        m_shape = obs.shape[len(batch) : -1]
+        x = obs.to(theta.dtype).reshape(*batch, -1, obs.shape[-1])
+        act = torch.tanh if self.activation_name == "tanh" else torch.relu
+        layers = self._layers(theta)
+        for k, (w, b) in enumerate(layers):
+            x = torch.matmul(x, w) + b.unsqueeze(-2)
+            if k < len(layers) - 1:
+                x = act(x)
+        return x.reshape(*batch, *m_shape, x.shape[-1])
+
+    def logits(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(theta, obs)
+
+    def log_std(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta[..., self.n_params - self.action_dim :]
+
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        if not self.gaussian:
+            return super().log_prob(theta, obs, actions)
+        mean = self.head(theta, obs)
+        log_std = self.log_std(theta).reshape(*theta.shape[:-1], *([1] * (mean.dim() - theta.dim())), self.action_dim)
+        z = (actions.to(mean.dtype) - mean) * torch.exp(-log_std)
+        return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        if not self.gaussian:
+            return super().sample(theta, obs, streams)
+        mean = self.head(theta, obs)
+        log_std = self.log_std(theta).reshape(*theta.shape[:-1], *([1] * (mean.dim() - theta.dim())), self.action_dim)
+        noise = streams.normal(mean.shape[streams.keys.dim() :], dtype=mean.dtype)
+        return mean + torch.exp(log_std) * noise
+
+    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        if self.gaussian:
+            return self.head(theta, obs)
+        return super().mode(theta, obs)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            net_arch=self.net_arch,
+            activation=self.activation_name,
+            init_std=self.init_std,
+            init_seed=self.init_seed,
+            log_std_init=self.log_std_init,
+        )
+        return data
