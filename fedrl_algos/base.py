@@ -24,7 +24,7 @@ import fedrl_envs
 from fedrl_algos.core.federation import Federation, adapt_parameters, seed_from_entropy
 from fedrl_algos.core.meta import GradientEstimator
 from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
-from fedrl_envs.core import TaskFamily, index_params, params_to, stack_params
+from fedrl_envs.core import FamilyVectorEnv, TaskFamily, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["FederatedAlgorithm", "FederatedProgressBar", "resolve_federation_env"]
@@ -405,7 +405,13 @@ class FederatedAlgorithm(BaseAlgorithm):
         self.evaluator = self._make_evaluator()
 
     def get_env(self) -> Any:
-        """The federated environment this model was built on (``None`` when built from an id)."""
+        """The federated environment this model trains on.
+
+        The one it was built with, or (when built from an id or a family) a native
+        :class:`~fedrl_envs.FamilyVectorEnv` with one environment per agent, made on first use.
+        """
+        if self.fed_env is None:
+            self.fed_env = FamilyVectorEnv(self.family, self.agent_params, n_envs=1, device=self.device, seed=self.seed)
         return self.fed_env
 
     def _excluded_save_params(self) -> list[str]:

@@ -33,8 +33,9 @@ class PerFedAvgPG(FederatedAlgorithm):
     :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a :class:`~fedrl_algos.policies.FlatPolicy` class
     :param env: a registered fedrl id (its family's training tasks), a task family, or a
         ``FederatedVecEnv`` on a fedrl family
-    :param alpha: adaptation step size α (inner step)
-    :param beta: local (outer) step size β
+    :param alpha: adaptation step size α (inner step); default 1.0 (the paper's neural setting,
+        the tabular experiments use 2.0)
+    :param beta: local (outer) step size β; default 0.2 (neural; tabular: 0.3)
     :param tau: local steps per round τ
     :param m_in: inner-batch trajectories (ĝ_in)
     :param m_h: Hessian-batch trajectories (exact variant only)
@@ -63,8 +64,8 @@ class PerFedAvgPG(FederatedAlgorithm):
         self,
         policy: str | type[FlatPolicy],
         env: Any,
-        alpha: float,
-        beta: float,
+        alpha: float = 1.0,
+        beta: float = 0.2,
         tau: int = 5,
         m_in: int = 10,
         m_h: int = 10,
@@ -131,7 +132,7 @@ class FedAvgPG(FederatedAlgorithm):
         self,
         policy: str | type[FlatPolicy],
         env: Any,
-        beta: float,
+        beta: float = 0.2,
         alpha: float = 0.0,
         tau: int = 5,
         m_in: int = 10,
@@ -189,7 +190,7 @@ class IndependentPG(FederatedAlgorithm):
         self,
         policy: str | type[FlatPolicy],
         env: Any,
-        beta: float,
+        beta: float = 0.2,
         m: int = 20,
         tau: int = 1,
         gamma: float = 0.9,

@@ -77,8 +77,9 @@ def autograd_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tenso
     one forward-mode JVP; ``∇²ν·v`` is the gradient of ``∇ν·v`` (double backward).
     """
     reward_to_go = discounted_rewards_to_go(traj.rewards, gamma)
-    theta = theta.detach()
-    v = v.detach().to(theta.dtype)
+    # Forward-mode AD needs dense tensors (broadcast views share memory across rows).
+    theta = theta.detach().contiguous()
+    v = v.detach().to(theta.dtype).expand_as(theta).contiguous()
 
     def log_q(th: torch.Tensor) -> torch.Tensor:
         return _masked_log_prob(policy, th, traj).sum(-1)
