@@ -11,6 +11,7 @@ place, not in the kernels.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Generic, TypeVar
@@ -33,6 +34,24 @@ __all__ = [
 ]
 
 P = TypeVar("P")
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[low, high]``; ``TypeError``/``ValueError`` naming ``name`` otherwise.
+
+    Accepts Python, NumPy and single-element integer torch integers; rejects bools and floats (an
+    argument is never silently truncated or clipped).
+    """
+    if isinstance(value, bool | np.bool_) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < low or (high is not None and value > high):
+        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be in {allowed}, got {value}")
+    return int(value)
 
 
 def _tensor_fields(params: Any) -> list[str]:
@@ -82,6 +101,16 @@ def params_to(params: P, device: torch.device | str) -> P:
     """Move every tensor field to ``device``."""
     changes = {n: getattr(params, n).to(device) for n in _tensor_fields(params)}
     return dataclasses.replace(params, **changes)
+
+
+def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Tensor:
+    """``state`` as a tensor of ``template``'s dtype and shape, refusing lossy casts."""
+    state_t = state.detach() if isinstance(state, torch.Tensor) else torch.as_tensor(np.asarray(state))
+    if tuple(state_t.shape) != tuple(template.shape):
+        raise ValueError(f"{name} must have shape {tuple(template.shape)}, got {tuple(state_t.shape)}")
+    if not template.is_floating_point() and (state_t.is_floating_point() or state_t.dtype == torch.bool):
+        raise TypeError(f"{name} must hold integers (dtype {template.dtype}), got dtype {state_t.dtype}")
+    return state_t.to(device=template.device, dtype=template.dtype).clone()
 
 
 class TaskFamily(ABC, Generic[P]):
@@ -142,13 +171,27 @@ class TaskFamily(ABC, Generic[P]):
         """Raise ``ValueError`` unless ``action`` is a valid batch of actions."""
         space = self.action_space(params)
         if isinstance(space, gym.spaces.Discrete):
-            if action.dtype in (torch.float16, torch.float32, torch.float64, torch.bool):
+            if action.is_floating_point() or action.is_complex() or action.dtype == torch.bool:
                 raise TypeError(f"action must be an integer tensor, got dtype {action.dtype}")
-            if action.numel() and (bool((action < space.start).any()) or bool((action >= space.start + space.n).any())):
-                raise ValueError(
-                    f"action must lie in [{space.start}, {space.start + space.n - 1}], got values in "
-                    f"[{int(action.min())}, {int(action.max())}]"
-                )
+            low, high = int(space.start), int(space.start + space.n - 1)
+            invalid = (action < low) | (action > high)
+            if bool(invalid.any()):
+                bad = action[invalid]
+                more = f" (and {bad.numel() - 1} more invalid actions)" if bad.numel() > 1 else ""
+                raise ValueError(f"action must be an int in [{low}, {high}], got {int(bad[0])}{more}")
+        elif isinstance(space, gym.spaces.Box):
+            # Shape and finiteness only: what happens outside the bounds is the family's dynamics
+            # (Pendulum clips the torque, as Gymnasium's does).
+            if action.is_complex() or action.dtype == torch.bool:
+                raise TypeError(f"action must be a real-valued tensor, got dtype {action.dtype}")
+            if tuple(action.shape[1:]) != tuple(space.shape):
+                raise ValueError(f"action must have shape (N, *{tuple(space.shape)}), got {tuple(action.shape)}")
+            if action.is_floating_point() and not bool(torch.isfinite(action).all()):
+                bad = action[~torch.isfinite(action)]
+                raise ValueError(f"action must be finite, got {float(bad[0])} ({bad.numel()} non-finite values)")
+
+    def validate_state(self, state: torch.Tensor, params: P) -> None:
+        """Raise ``ValueError`` unless ``state`` is a batch of valid kernel states (no check by default)."""
 
     def make_env(self, task: P | None = None, **kwargs: Any) -> gym.Env:
         """``gym.make`` the family's id for one task (parameters or keyword arguments)."""
@@ -199,10 +242,18 @@ class FamilyEnv(gym.Env, Generic[P]):
         return self._state[0]
 
     def set_state(self, state: Any, t: int = 0) -> Any:
-        """Put the environment into ``state`` at time index ``t``; returns the observation."""
+        """Put the environment into ``state`` at time index ``t``; returns the observation.
+
+        ``state`` is one kernel state (a cell index for the gridworld, a position for arc
+        navigation); it is validated, never clipped or cast with loss.
+        """
         template = self.family.reset(self._batch_params, torch.zeros(1, self.family.reset_noise_dim))
-        self._state = torch.as_tensor(state, dtype=template.dtype).reshape(template.shape)
-        self._t = int(t)
+        state_t = _as_state_tensor(state, template[0], "state")
+        t = check_int("t", t, 0)
+        state_t = state_t.reshape(template.shape)
+        self.family.validate_state(state_t, self._batch_params)
+        self._state = state_t
+        self._t = t
         return self._obs()
 
     def _obs(self) -> Any:
@@ -225,18 +276,40 @@ class FamilyEnv(gym.Env, Generic[P]):
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         if self._state is None:
             raise RuntimeError("call reset() before step()")
-        if not self.action_space.contains(action):
-            raise ValueError(f"action must be an element of {self.action_space}, got {action!r}")
-        action_t = torch.as_tensor(np.asarray(action)).reshape((1, *self.action_space.shape))
+        action_t = self._action_tensor(action)
         self._state, reward, terminated = self.family.step(self._state, action_t, self._batch_params)
         self._t += 1
         truncated = self._horizon is not None and self._t >= self._horizon + 1
         return self._obs(), float(reward[0]), bool(terminated[0]), bool(truncated), {}
 
-    def render(self) -> str | None:
+    def _action_tensor(self, action: Any) -> torch.Tensor:
+        """One action as a batch-of-one tensor, validated by the family (never clipped or wrapped)."""
+        if isinstance(action, torch.Tensor):
+            action_t = action.detach().cpu()
+        else:
+            arr = np.asarray(action)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(f"action must be a number or numeric array, got {type(action).__name__}")
+            action_t = torch.as_tensor(arr)
+        if tuple(action_t.shape) != tuple(self.action_space.shape):
+            raise ValueError(
+                f"action must have shape {tuple(self.action_space.shape)} (one action of {self.action_space}), "
+                f"got shape {tuple(action_t.shape)}"
+            )
+        action_t = action_t.reshape((1, *self.action_space.shape))
+        self.family.validate_action(action_t, self._batch_params)
+        return action_t
+
+    def render(self) -> Any:
+        """The current frame: a text grid/summary (``"ansi"``) or an ``uint8`` image (``"rgb_array"``)."""
         if self.render_mode == "ansi":
             return self._render_ansi()
+        if self.render_mode == "rgb_array":
+            return self._render_rgb_array()
         return None
+
+    def _render_rgb_array(self) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} has no rgb_array rendering")
 
     def _render_ansi(self) -> str:
         return f"{type(self).__name__}(state={self.state.tolist()}, t={self._t})"
@@ -248,19 +321,24 @@ class FamilyVectorEnv(VectorEnv):
     Row ``i * n_envs + j`` is agent ``i``'s environment ``j`` (agent-major). Every agent has its
     own task parameters and its own random stream, so an agent's trajectories depend neither on
     the other agents nor on where the batch runs. Observations, rewards and flags are torch
-    tensors on ``device``. Autoreset is ``SAME_STEP``: when an episode ends, the returned
-    observation is already the first of the next episode and ``info["final_obs"]`` (with mask
-    ``info["_final_obs"]``) holds the last observation of the finished one.
+    tensors on ``device``, and never views of the internal state. Autoreset is ``SAME_STEP``:
+    when an episode ends, the returned observation is already the first of the next episode and
+    ``info["final_obs"]`` (a tensor like the observations, meaningful where the mask
+    ``info["_final_obs"]`` is true) holds the last observation of the finished one;
+    ``info["final_info"]`` is ``{}`` (the kernels return no info) with mask ``info["_final_info"]``.
+    An agent's stream advances only when one of its own episodes ends.
 
     This is also the ``vector_entry_point`` of every registered family, where all environments
     share one task (``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")``).
 
     :param family: the task family
-    :param tasks: per-agent task parameters (a list, or stacked parameters)
-    :param n_envs: environments per agent
+    :param tasks: per-agent task parameters: a list, stacked parameters, or one task's parameters
+    :param n_envs: environments per agent (>= 1)
     :param device: torch device of the whole batch
-    :param seed: seed of the agents' random streams (drawn at random when ``None``)
-    :param autoreset: ``False`` gives the fixed-horizon mode (no reset until :meth:`reset`)
+    :param seed: seed of the agents' random streams (drawn at random when ``None``); agent ``i``'s
+        stream is keyed by ``(seed, i)``, so the single env seeded alike draws agent 0's
+    :param autoreset: ``False`` gives the fixed-horizon mode: no reset until :meth:`reset`, and
+        steps after the last one continue from the final states with ``truncated`` still true
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -274,13 +352,17 @@ class FamilyVectorEnv(VectorEnv):
         seed: int | None = None,
         autoreset: bool = True,
     ) -> None:
-        if isinstance(n_envs, bool) or not isinstance(n_envs, int | np.integer):
-            raise TypeError(f"n_envs must be an int, got {type(n_envs).__name__}")
-        if n_envs < 1:
-            raise ValueError(f"n_envs must be >= 1, got {n_envs}")
+        n_envs = check_int("n_envs", n_envs, 1)
+        if seed is not None:
+            seed = check_int("seed", seed, -(2**63))
         self.family = family
         self.device = torch.device(device)
-        agent_params = stack_params(list(tasks)) if isinstance(tasks, Sequence) else tasks
+        if isinstance(tasks, Sequence):
+            agent_params = stack_params(list(tasks))
+        elif _is_single_task(family, tasks):
+            agent_params = stack_params([tasks])  # one task's parameters: one agent
+        else:
+            agent_params = tasks
         self.agent_params = params_to(agent_params, self.device)
         self.n_agents = int(getattr(self.agent_params, _tensor_fields(self.agent_params)[0]).shape[0])
         self.n_envs = int(n_envs)
@@ -312,9 +394,24 @@ class FamilyVectorEnv(VectorEnv):
         """View a flat batch ``[num_envs, ...]`` as ``[n_agents, n_envs, ...]`` (no copy)."""
         return batch.reshape(self.n_agents, self.n_envs, *batch.shape[1:])
 
-    def _draw_reset_states(self) -> torch.Tensor:
+    def _draw_reset_states(self, agents: torch.Tensor | None = None) -> torch.Tensor:
+        """Fresh initial states for every row; only the streams of ``agents`` (bool ``[n_agents]``) advance.
+
+        All rows are drawn in one call, but an agent whose episodes all continue keeps its counter,
+        so its future numbers never depend on when other agents' episodes end.
+        """
+        counters = self.streams.counters
         noise = self.streams.uniform((self.n_envs, self.family.reset_noise_dim))
+        if agents is not None:
+            self.streams.counters = torch.where(agents, self.streams.counters, counters)
         return self.family.reset(self.params, noise.reshape(self.num_envs, -1))
+
+    def _observe(self, state: torch.Tensor) -> torch.Tensor:
+        """Observations that never alias the internal state (callers may write into them)."""
+        obs = self.family.observe(state, self.params)
+        if obs.data_ptr() == state.data_ptr():
+            obs = obs.clone()
+        return obs
 
     def _check_open(self) -> None:
         if self.closed:
@@ -325,8 +422,8 @@ class FamilyVectorEnv(VectorEnv):
             action_t = actions.to(self.device)
         else:
             arr = np.asarray(actions)
-            if arr.dtype == object:
-                raise TypeError(f"actions must be a numeric array or tensor, got {type(actions).__name__}")
+            if arr.dtype.kind not in "biuf":
+                raise TypeError(f"actions must be a numeric array or tensor, got {type(actions).__name__} of dtype {arr.dtype}")
             action_t = torch.as_tensor(arr, device=self.device)
         expected = (self.num_envs, *self.single_action_space.shape)
         if tuple(action_t.shape) != expected:
@@ -341,11 +438,26 @@ class FamilyVectorEnv(VectorEnv):
             raise RuntimeError("call reset() before reading the state")
         return self._state
 
-    def set_state(self, state: torch.Tensor, t: torch.Tensor | int = 0) -> torch.Tensor:
-        """Put every environment into ``state`` (flat batch) at time index ``t``; returns observations."""
-        self._state = torch.as_tensor(state, device=self.device)
-        self._t = torch.as_tensor(t, dtype=torch.int64, device=self.device).expand(self.num_envs).clone()
-        return self.family.observe(self._state, self.params)
+    def set_state(self, state: Any, t: torch.Tensor | int = 0) -> torch.Tensor:
+        """Put every environment into ``state`` (flat batch) at time index ``t``; returns observations.
+
+        :param state: kernel states ``[num_envs, ...]`` (validated, copied, never clipped)
+        :param t: time index of every environment, an int or an int tensor ``[num_envs]``
+        """
+        self._check_open()
+        template = self.family.reset(self.params, torch.zeros(self.num_envs, self.family.reset_noise_dim, device=self.device))
+        state_t = _as_state_tensor(state, template, "state")
+        t_t = t.detach() if isinstance(t, torch.Tensor) else torch.as_tensor(np.asarray(t))
+        if t_t.is_floating_point() or t_t.dtype == torch.bool:
+            raise TypeError(f"t must be an int or an integer tensor, got dtype {t_t.dtype}")
+        if t_t.dim() > 1 or (t_t.dim() == 1 and t_t.shape[0] != self.num_envs):
+            raise ValueError(f"t must be an int or have shape ({self.num_envs},), got shape {tuple(t_t.shape)}")
+        if bool((t_t < 0).any()):
+            raise ValueError(f"t must be >= 0, got minimum {int(t_t.min())}")
+        self.family.validate_state(state_t, self.params)
+        self._state = state_t
+        self._t = t_t.to(self.device, torch.int64).expand(self.num_envs).clone()
+        return self._observe(self._state)
 
     # --- VectorEnv API -------------------------------------------------------------------------
     def reset(
@@ -358,11 +470,12 @@ class FamilyVectorEnv(VectorEnv):
                 raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
             seed = seed[0]
         if seed is not None:
-            self.streams = self._make_streams(int(seed))
-            self._seed = int(seed)
+            seed = check_int("seed", seed, -(2**63))
+            self.streams = self._make_streams(seed)
+            self._seed = seed
         self._state = self._draw_reset_states()
         self._t.zero_()
-        return self.family.observe(self._state, self.params), {}
+        return self._observe(self._state), {}
 
     def step(
         self, actions: Any
@@ -378,19 +491,21 @@ class FamilyVectorEnv(VectorEnv):
             truncated = torch.zeros_like(terminated)
         else:
             truncated = t >= self.horizon + 1
-        obs = self.family.observe(next_state, self.params)
+        obs = self._observe(next_state)
         info: dict[str, Any] = {}
         if self.autoreset:
             done = terminated | truncated
             # One truthiness check per step; resets are drawn only when some episode ended.
             if bool(done.any()):
-                fresh = self._draw_reset_states()
+                fresh = self._draw_reset_states(agents=self.structured(done).any(1))
                 mask = done.reshape(done.shape + (1,) * (next_state.dim() - 1))
                 info["final_obs"] = obs
                 info["_final_obs"] = done
+                info["final_info"] = {}
+                info["_final_info"] = done
                 next_state = torch.where(mask, fresh, next_state)
                 t = torch.where(done, 0, t)
-                obs = self.family.observe(next_state, self.params)
+                obs = self._observe(next_state)
         self._state = next_state
         self._t = t
         return obs, reward, terminated, truncated, info
@@ -399,6 +514,29 @@ class FamilyVectorEnv(VectorEnv):
         self._state = None
 
     @classmethod
-    def from_gym_kwargs(cls, family: TaskFamily, num_envs: int = 1, device: str = "cpu", seed: int | None = None, **task_kwargs: Any) -> FamilyVectorEnv:
+    def from_gym_kwargs(
+        cls,
+        family: TaskFamily,
+        num_envs: int = 1,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        autoreset: bool = True,
+        render_mode: str | None = None,
+        **task_kwargs: Any,
+    ) -> FamilyVectorEnv:
         """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs."""
-        return cls(family, [family.make_params(**task_kwargs)], n_envs=num_envs, device=device, seed=seed)
+        if render_mode is not None:
+            raise ValueError(
+                f"render_mode must be None for the native vector env (it does not render), got {render_mode!r}; "
+                'use vectorization_mode="sync" to render single environments'
+            )
+        return cls(family, [family.make_params(**task_kwargs)], n_envs=num_envs, device=device, seed=seed, autoreset=autoreset)
+
+
+def _is_single_task(family: TaskFamily, params: Any) -> bool:
+    """Whether ``params`` are one task's (unstacked) parameters, judged against the family's first task."""
+    reference = family.train_tasks[0]
+    if type(params) is not type(reference):
+        raise TypeError(f"tasks must be parameters of {type(reference).__name__} or a sequence of them, got {type(params).__name__}")
+    name = _tensor_fields(reference)[0]
+    return getattr(params, name).dim() == getattr(reference, name).dim()

@@ -3,18 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
 import torch
 
-from fedrl_envs.core import FamilyEnv, TaskFamily
+from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
 
 __all__ = ["GridWorldParams", "GridWorldFamily", "GridWorldEnv", "GRIDWORLD", "gridworld_goals"]
 
 # Action k moves by (dx, dy) = _MOVES[k]: up, down, left, right (y grows downwards).
 _MOVES = ((0, -1), (0, 1), (-1, 0), (1, 0))
 ACTION_NAMES = ("up", "down", "left", "right")
+
+
+@cache
+def _moves_table(device: torch.device) -> torch.Tensor:
+    """``_MOVES`` as an int64 tensor on ``device`` (built once per device, not once per step)."""
+    return torch.tensor(_MOVES, dtype=torch.int64, device=device)
+
+
+def _move(state: torch.Tensor, action: torch.Tensor, size: int) -> torch.Tensor:
+    """The move rule: cell ``(x, y)`` plus the action's move, clipped to the grid (walls keep the agent)."""
+    moves = _moves_table(state.device)[action.long()]
+    x = torch.clamp(state % size + moves[..., 0], 0, size - 1)
+    y = torch.clamp(state // size + moves[..., 1], 0, size - 1)
+    return y * size + x
+
+
+@cache
+def _next_cell_table(size: int, device: torch.device) -> torch.Tensor:
+    """:func:`_move` of every (cell, action) pair, flat int64 ``[size * size * 4]`` at ``cell * 4 + action``.
+
+    Built once per grid size and device, so a step is one gather instead of ten elementwise passes.
+    """
+    cells = torch.arange(size * size, device=device).repeat_interleave(len(_MOVES))
+    actions = torch.arange(len(_MOVES), device=device).repeat(size * size)
+    return _move(cells, actions, size)
 
 
 @dataclass(frozen=True)
@@ -46,23 +73,6 @@ def gridworld_goals(size: int = 5) -> list[tuple[int, int]]:
     return [(0, 0), (last, 0), (0, last), (last, last), (mid, 0), (0, mid), (last, mid), (mid, last)]
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if value < low or (high is not None and value > high):
-        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {allowed}, got {value}")
-    return int(value)
-
-
 class GridWorldFamily(TaskFamily[GridWorldParams]):
     """Kernels and task catalogue of ``fedrl/GridWorld-v0``."""
 
@@ -81,12 +91,10 @@ class GridWorldFamily(TaskFamily[GridWorldParams]):
     def step(
         self, state: torch.Tensor, action: torch.Tensor, params: GridWorldParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        size = params.size
-        moves = torch.tensor(_MOVES, dtype=torch.int64, device=state.device)[action.long()]
-        x = torch.clamp(state % size + moves[..., 0], 0, size - 1)
-        y = torch.clamp(state // size + moves[..., 1], 0, size - 1)
+        # One gather from the cached (cell, action) -> next cell table that _move builds.
+        next_state = _next_cell_table(params.size, state.device).take(state * len(_MOVES) + action)
         reward = (state == params.goal_index).to(torch.float32)
-        return y * size + x, reward, torch.zeros_like(state, dtype=torch.bool)
+        return next_state, reward, torch.zeros_like(state, dtype=torch.bool)
 
     # --- exact model (derived from the kernel, never written twice) ----------------------------
     def next_state_table(self, params: GridWorldParams) -> torch.Tensor:
@@ -121,6 +129,13 @@ class GridWorldFamily(TaskFamily[GridWorldParams]):
     def action_space(self, params: GridWorldParams) -> gym.Space:
         return gym.spaces.Discrete(len(_MOVES))
 
+    def validate_state(self, state: torch.Tensor, params: GridWorldParams) -> None:
+        if state.numel() and (bool((state < 0).any()) or bool((state >= params.n_states).any())):
+            raise ValueError(
+                f"state must be a cell index in [0, {params.n_states - 1}], got values in "
+                f"[{int(state.min())}, {int(state.max())}]"
+            )
+
     def horizon(self, params: GridWorldParams) -> int:
         return params.horizon
 
@@ -132,20 +147,20 @@ class GridWorldFamily(TaskFamily[GridWorldParams]):
         horizon: int = 15,
     ) -> GridWorldParams:
         """Validated parameters; ``agent`` picks one of the 8 paper goals, ``goal`` any cell."""
-        size = _check_int("size", size, 2)
-        horizon = _check_int("horizon", horizon, 1)
+        size = check_int("size", size, 2)
+        horizon = check_int("horizon", horizon, 1)
         goals = gridworld_goals(size)
         if agent is not None and goal is not None:
             raise ValueError("pass either agent or goal, not both")
         if goal is None:
-            agent = 0 if agent is None else _check_int("agent", agent, 0, len(goals) - 1)
+            agent = 0 if agent is None else check_int("agent", agent, 0, len(goals) - 1)
             goal = goals[agent]
         try:
             gx, gy = goal
         except (TypeError, ValueError):
             raise TypeError(f"goal must be a pair (x, y) of ints, got {goal!r}") from None
-        gx = _check_int("goal x", gx, 0, size - 1)
-        gy = _check_int("goal y", gy, 0, size - 1)
+        gx = check_int("goal x", gx, 0, size - 1)
+        gy = check_int("goal y", gy, 0, size - 1)
         return GridWorldParams(goal=torch.tensor([gx, gy], dtype=torch.int64), size=size, horizon=horizon)
 
     @property
@@ -177,7 +192,10 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
     The tabular gridworld family of Per-FedAvg-PG (appendix C.1): an agent walks on a
     ``size × size`` grid towards a goal cell. Every task of the family has the same dynamics and
     differs only in its goal; the paper's federation has 8 agents with goals at the four corners
-    and the four edge midpoints.
+    and the four edge midpoints. The family object ``fedrl_envs.GRIDWORLD`` lists them
+    (``train_tasks``; the 17 other cells are ``heldout_tasks``) and gives each task's exact model
+    as torch tensors for planning: ``next_state_table`` (``[S, A]``), ``transition_tensor``
+    (``[S, A, S]``), ``reward_vector`` and ``start_distribution`` (``[S]``).
 
     ## Action Space
 
@@ -205,9 +223,12 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
     ## Arguments
 
     * ``agent``: index 0..7 of the paper's task (goals (0,0), (4,0), (0,4), (4,4), (2,0), (0,2),
-      (4,2), (2,4) for size 5); default 0.
+      (4,2), (2,4) for size 5: corners, then edge midpoints, the same pattern for other sizes);
+      default 0.
     * ``goal``: any goal cell ``(x, y)`` instead of ``agent``.
     * ``size``: grid side length (>= 2), default 5. ``horizon``: H (>= 1), default 15.
+    * ``render_mode``: ``"ansi"`` (a text grid: ``A`` agent, ``G`` goal) or ``"rgb_array"`` (a
+      ``uint8`` image of 16 × 16 pixels per cell: goal green, agent blue).
 
     ```python
     >>> import gymnasium as gym, fedrl_envs
@@ -217,6 +238,12 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
     [4, 4]
     >>> env.observation_space, env.action_space
     (Discrete(25), Discrete(4))
+    >>> env.unwrapped.set_state(23)   # (x, y) = (3, 4), next to the goal
+    23
+    >>> env.step(3)[:4]               # right: into the goal; the reward is that of state 23
+    (24, 0.0, False, False)
+    >>> env.step(3)[:4]               # acting in the goal earns 1 (the wall keeps it there)
+    (24, 1.0, False, False)
 
     ```
 
@@ -226,6 +253,9 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
     """
 
     family = GRIDWORLD
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    #: pixels per grid cell in ``rgb_array`` frames
+    cell_pixels: ClassVar[int] = 16
 
     def __init__(
         self,
@@ -244,3 +274,16 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
         for y in range(size):
             rows.append("".join("A" if y * size + x == s else "G" if y * size + x == goal else "." for x in range(size)))
         return "\n".join(rows) + "\n"
+
+    def _render_rgb_array(self) -> np.ndarray:
+        size, c = self.params.size, self.cell_pixels
+        frame = np.full((size * c, size * c, 3), 245, dtype=np.uint8)
+        gx, gy = (int(v) for v in self.params.goal.tolist())
+        frame[gy * c : (gy + 1) * c, gx * c : (gx + 1) * c] = (60, 180, 75)
+        s = int(self.state)
+        ax, ay = s % size, s // size
+        m = c // 4
+        frame[ay * c + m : (ay + 1) * c - m, ax * c + m : (ax + 1) * c - m] = (30, 90, 200)
+        frame[::c, :] = frame[:, ::c] = (190, 190, 190)  # grid lines on the top/left edge of each cell
+        frame[-1, :] = frame[:, -1] = (190, 190, 190)
+        return frame

@@ -14,7 +14,9 @@ number of a stream is a pure hash of ``(key, counter + j)`` (SplitMix64). Conseq
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -38,6 +40,13 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _wrap_int64(value: Any) -> Any:
+    """Python ints of any size as their two's-complement int64 value (seeds up to 2**64 - 1 are valid)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value + 2**63) % 2**64 - 2**63
+    return value
+
+
 def derive_keys(seed: int | torch.Tensor, index: int | torch.Tensor | Sequence[int]) -> torch.Tensor:
     """Stream keys for ``(seed, index)`` pairs; broadcasting like ``seed + index``.
 
@@ -45,8 +54,8 @@ def derive_keys(seed: int | torch.Tensor, index: int | torch.Tensor | Sequence[i
     :param index: stream indices within a seed (e.g. agent positions)
     :return: int64 tensor of keys
     """
-    seed_t = torch.as_tensor(seed, dtype=torch.int64)
-    index_t = torch.as_tensor(index, dtype=torch.int64, device=seed_t.device)
+    seed_t = torch.as_tensor(_wrap_int64(seed), dtype=torch.int64)
+    index_t = torch.as_tensor(_wrap_int64(index), dtype=torch.int64, device=seed_t.device)
     return mix64(mix64(seed_t) ^ mix64(index_t * 2 + 1))
 
 
@@ -95,11 +104,17 @@ class RandomStreams:
 
     def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform numbers in ``[0, 1)``: tensor ``[*batch_shape, *shape]`` of ``dtype``."""
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
         words = self.bits(shape)
         if dtype == torch.float64:
             return _shr(words, 11).to(torch.float64) * (2.0**-53)
-        # 24 bits fit a float32 mantissa exactly, so the result is never rounded up to 1.0.
-        return (_shr(words, 40).to(torch.float32) * (2.0**-24)).to(dtype)
+        if dtype == torch.float32:
+            # 24 bits fit a float32 mantissa exactly, so the result is never rounded up to 1.0.
+            return _shr(words, 40).to(torch.float32) * (2.0**-24)
+        # Narrower types (float16, bfloat16): keep only as many bits as the mantissa holds.
+        bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # explicit mantissa bits + the implicit one
+        return (_shr(words, 64 - bits).to(torch.float64) * (2.0**-bits)).to(dtype)
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Standard normal numbers (Box-Muller on two uniform draws)."""
