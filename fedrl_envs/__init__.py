@@ -15,6 +15,7 @@ from functools import partial
 import gymnasium as gym
 
 from fedrl_envs.arc_navigation import ARC_NAVIGATION, ArcNavigationEnv, ArcNavigationFamily, ArcNavigationParams
+from fedrl_envs.cartpole import CARTPOLE, CartPoleEnv, CartPoleFamily, CartPoleParams
 from fedrl_envs.core import (
     FamilyEnv,
     FamilyVectorEnv,
@@ -25,20 +26,29 @@ from fedrl_envs.core import (
     stack_params,
 )
 from fedrl_envs.gridworld import GRIDWORLD, GridWorldEnv, GridWorldFamily, GridWorldParams
+from fedrl_envs.pendulum import PENDULUM, PendulumEnv, PendulumFamily, PendulumParams
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = [
     "ARC_NAVIGATION",
+    "CARTPOLE",
     "GRIDWORLD",
+    "PENDULUM",
     "FAMILIES",
     "ArcNavigationEnv",
     "ArcNavigationFamily",
     "ArcNavigationParams",
+    "CartPoleEnv",
+    "CartPoleFamily",
+    "CartPoleParams",
     "FamilyEnv",
     "FamilyVectorEnv",
     "GridWorldEnv",
     "GridWorldFamily",
     "GridWorldParams",
+    "PendulumEnv",
+    "PendulumFamily",
+    "PendulumParams",
     "RandomStreams",
     "TaskFamily",
     "derive_keys",
@@ -73,3 +83,5 @@ def get_family(env_id: str) -> TaskFamily:
 
 _register(GRIDWORLD, "fedrl_envs.gridworld:GridWorldEnv")
 _register(ARC_NAVIGATION, "fedrl_envs.arc_navigation:ArcNavigationEnv")
+_register(CARTPOLE, "fedrl_envs.cartpole:CartPoleEnv")
+_register(PENDULUM, "fedrl_envs.pendulum:PendulumEnv")

@@ -1,0 +1,348 @@
+"""A heterogeneous CartPole family: Gymnasium's ``CartPole-v1`` physics with per-agent pole and cart.
+
+The dynamics are the frictionless cart-pole of Barto, Sutton & Anderson (1983) in the corrected
+form of Florian (2007), integrated with explicit Euler steps of ``TAU`` seconds, exactly as
+Gymnasium's ``CartPole-v1`` does. The pole is a uniform rod of mass ``masspole`` whose centre of
+mass lies ``length`` above the hinge (``length`` is the *half* pole length); the cart has mass
+``masscart`` and is pushed by ``±force_mag`` newtons. Those four quantities are the task
+parameters; ``total_mass`` and ``polemass_length`` are derived from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+
+__all__ = [
+    "CartPoleParams",
+    "CartPoleFamily",
+    "CartPoleEnv",
+    "CARTPOLE",
+    "CARTPOLE_DEFAULTS",
+    "population_levels",
+]
+
+#: gravitational acceleration (m/s²)
+GRAVITY = 9.8
+#: seconds per step (one explicit Euler step)
+TAU = 0.02
+#: the episode terminates when ``|x|`` exceeds this (m)
+X_THRESHOLD = 2.4
+#: the episode terminates when ``|theta|`` exceeds 12 degrees (rad)
+THETA_THRESHOLD = 12 * 2 * math.pi / 360
+#: Gymnasium's default task (agent 0)
+CARTPOLE_DEFAULTS: dict[str, float] = {"length": 0.5, "masspole": 0.1, "masscart": 1.0, "force_mag": 10.0}
+#: order of the task parameters in the default population (column ``p`` of the design)
+PARAM_NAMES = ("length", "masspole", "masscart", "force_mag")
+#: multiplier of each of the 5 levels of the default-population design: 1 + 0.25·d, d ≡ level (mod 5) in {-2..2}
+LEVEL_FACTORS = (1.0, 1.25, 1.5, 0.5, 0.75)
+N_DEFAULT_AGENTS = 10
+
+
+def population_levels(n_params: int, n_agents: int = N_DEFAULT_AGENTS) -> list[tuple[int, ...]]:
+    """Level of each parameter for each agent of a default population (shared with Pendulum).
+
+    Agent ``k = 5·b + a`` (``a, b`` in 0..4) gives parameter ``p`` (0-based) the level
+    ``(a·(p + 1) + b) mod 5``. These are rows of the classic 5-level orthogonal array: agent 0 has
+    every parameter at level 0 (the Gymnasium default), each parameter takes each level twice in
+    10 agents, and two agents never share more than one parameter value.
+    """
+    if n_params > 4:
+        raise ValueError(f"n_params must be <= 4 for the 5-level design, got {n_params}")
+    return [tuple(((k % 5) * (p + 1) + k // 5) % 5 for p in range(n_params)) for k in range(n_agents)]
+
+
+def _positive_float(name: str, value: Any) -> float:
+    """``value`` as a float > 0 that float32 represents (finite, not rounded to 0); errors name ``name``.
+
+    Shared with the Pendulum family. Accepts Python, NumPy and one-element torch numbers.
+    """
+    given = value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
+    with np.errstate(over="ignore", under="ignore"):
+        as_float32 = float(np.float32(value))
+    if not (math.isfinite(as_float32) and as_float32 > 0):
+        raise ValueError(f"{name} must be a finite number > 0 (representable in float32), got {given!r}")
+    return value
+
+
+def _short(value: torch.Tensor) -> float:
+    """(Shared with the Pendulum family.) A float32 scalar as the shortest Python float that rounds back to it (0.1, not 0.10000000149)."""
+    return float(str(np.float32(value.item())))
+
+
+@dataclass(frozen=True)
+class CartPoleParams:
+    """Parameters of one CartPole task (or of a stack of tasks along a leading agent axis).
+
+    :param length: half the pole length, i.e. hinge to the pole's centre of mass (m), float32 ``[...]``
+    :param masspole: mass of the pole (kg), float32 ``[...]``
+    :param masscart: mass of the cart (kg), float32 ``[...]``
+    :param force_mag: magnitude of the push of either action (N), float32 ``[...]``
+    :param horizon: last time index H (an episode has at most H + 1 = 500 steps by default)
+    """
+
+    length: torch.Tensor
+    masspole: torch.Tensor
+    masscart: torch.Tensor
+    force_mag: torch.Tensor
+    horizon: int = 499
+
+    @property
+    def total_mass(self) -> torch.Tensor:
+        """Cart plus pole (kg)."""
+        return self.masspole + self.masscart
+
+    @property
+    def polemass_length(self) -> torch.Tensor:
+        """Pole mass times the hinge-to-centre-of-mass distance (kg·m)."""
+        return self.masspole * self.length
+
+    def to_dtype(self, dtype: torch.dtype) -> CartPoleParams:
+        """The same parameters with every tensor field cast to ``dtype`` (``self`` if already there)."""
+        if self.length.dtype == dtype:
+            return self
+        return dataclasses.replace(
+            self,
+            length=self.length.to(dtype),
+            masspole=self.masspole.to(dtype),
+            masscart=self.masscart.to(dtype),
+            force_mag=self.force_mag.to(dtype),
+        )
+
+
+class CartPoleFamily(TaskFamily[CartPoleParams]):
+    """Kernels and task catalogue of ``fedrl/CartPole-v0``.
+
+    The kernel state is ``(x, x_dot, theta, theta_dot)`` (float32 in the environments); the kernels
+    compute in the state's dtype, so a float64 state steps in float64.
+    """
+
+    env_id = "fedrl/CartPole-v0"
+    reset_noise_dim = 4
+
+    # --- kernels -------------------------------------------------------------------------------
+    def reset(self, params: CartPoleParams, noise: torch.Tensor) -> torch.Tensor:
+        # Each state variable uniform in [-0.05, 0.05).
+        return 0.1 * noise.to(torch.float32) - 0.05
+
+    def step(
+        self, state: torch.Tensor, action: torch.Tensor, params: CartPoleParams
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        p = params.to_dtype(state.dtype)
+        x, x_dot, theta, theta_dot = state.unbind(-1)
+        force = torch.where(action == 1, p.force_mag, -p.force_mag)
+        cos, sin = torch.cos(theta), torch.sin(theta)
+        # Lagrange's equations of the frictionless cart-pole, solved for the two accelerations:
+        # ``shared`` is the cart acceleration the force and the pole's centripetal pull would give
+        # without the pole's own angular acceleration; the pole's inertia about its centre of mass
+        # (a uniform rod: m·(2l)²/12 = m·l²/3) gives the 4/3.
+        shared = (force + p.polemass_length * theta_dot * theta_dot * sin) / p.total_mass
+        theta_acc = (GRAVITY * sin - cos * shared) / (p.length * (4.0 / 3.0 - p.masspole * cos * cos / p.total_mass))
+        x_acc = shared - p.polemass_length * theta_acc * cos / p.total_mass
+        # Explicit Euler: positions advance with the old velocities, velocities with the new accelerations.
+        next_state = state + TAU * torch.stack((x_dot, x_acc, theta_dot, theta_acc), dim=-1)
+        next_x, next_theta = next_state[..., 0], next_state[..., 2]
+        terminated = (next_x.abs() > X_THRESHOLD) | (next_theta.abs() > THETA_THRESHOLD)
+        # Reward 1 for every step, including the one that terminates.
+        return next_state, torch.ones_like(next_x), terminated
+
+    # --- spaces and tasks ----------------------------------------------------------------------
+    def observation_space(self, params: CartPoleParams) -> gym.Space:
+        # Gymnasium's bounds: twice the termination thresholds, unbounded velocities.
+        high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
+        return gym.spaces.Box(-high, high, dtype=np.float32)
+
+    def action_space(self, params: CartPoleParams) -> gym.Space:
+        return gym.spaces.Discrete(2)
+
+    def horizon(self, params: CartPoleParams) -> int:
+        return params.horizon
+
+    def validate_state(self, state: torch.Tensor, params: CartPoleParams) -> None:
+        high = torch.as_tensor(self.observation_space(params).high, dtype=state.dtype, device=state.device)
+        if not bool(torch.isfinite(state).all()) or bool((state.abs() > high).any()):
+            raise ValueError(
+                f"state must be finite (x, x_dot, theta, theta_dot) with |x| <= {X_THRESHOLD * 2} and "
+                f"|theta| <= {THETA_THRESHOLD * 2:.4f} (the observation bounds), got {state.tolist()}"
+            )
+
+    def make_params(
+        self,
+        agent: int | None = None,
+        length: float | None = None,
+        masspole: float | None = None,
+        masscart: float | None = None,
+        force_mag: float | None = None,
+        horizon: int = 499,
+    ) -> CartPoleParams:
+        """Validated parameters: agent ``agent`` of the default population (0 = Gymnasium's
+        defaults when ``None``), with any of ``length``, ``masspole``, ``masscart``, ``force_mag``
+        given by keyword replacing that agent's value."""
+        horizon = check_int("horizon", horizon, 0)
+        agent = 0 if agent is None else check_int("agent", agent, 0, N_DEFAULT_AGENTS - 1)
+        values = default_agent_values(agent)
+        given = {"length": length, "masspole": masspole, "masscart": masscart, "force_mag": force_mag}
+        for name, value in given.items():
+            if value is not None:
+                values[name] = _positive_float(name, value)
+        return CartPoleParams(**{k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()}, horizon=horizon)
+
+    @property
+    def train_tasks(self) -> list[CartPoleParams]:
+        """The default population of 10 agents (see ``CartPoleEnv``'s Arguments)."""
+        return [self.make_params(agent=k) for k in range(N_DEFAULT_AGENTS)]
+
+    def task_kwargs(self, task: CartPoleParams) -> dict[str, Any]:
+        return {name: _short(getattr(task, name)) for name in PARAM_NAMES} | {"horizon": task.horizon}
+
+    def describe_task(self, task: CartPoleParams) -> str:
+        return ", ".join(f"{name}={_short(getattr(task, name)):g}" for name in PARAM_NAMES)
+
+
+def default_agent_values(agent: int) -> dict[str, float]:
+    """Parameters of agent ``agent`` (0..9) of the default population, as Python floats."""
+    levels = population_levels(len(PARAM_NAMES))[agent]
+    return {name: CARTPOLE_DEFAULTS[name] * LEVEL_FACTORS[lv] for name, lv in zip(PARAM_NAMES, levels)}
+
+
+CARTPOLE = CartPoleFamily()
+
+
+class CartPoleEnv(FamilyEnv[CartPoleParams]):
+    """
+    ## Description
+
+    Gymnasium's CartPole (Barto, Sutton & Anderson, 1983) as a heterogeneous family: a pole is
+    hinged on a cart that moves without friction along a track, and the agent pushes the cart left
+    or right to keep the pole upright. Each task has its own half pole length ``length``, pole mass
+    ``masspole``, cart mass ``masscart`` and push ``force_mag``; the total mass and the pole's
+    mass-length product are derived from them. Gravity (9.8 m/s²), the step of 0.02 s and the
+    explicit Euler integrator are Gymnasium's and shared by all tasks. With the default parameters
+    (agent 0) the environment reproduces ``CartPole-v1`` transition for transition (up to float32
+    rounding: the kernels run in float32, Gymnasium in float64). The family object
+    ``fedrl_envs.CARTPOLE`` lists the 10 default agents (``train_tasks``).
+
+    ## Action Space
+
+    ``Discrete(2)``: 0 pushes the cart to the left with ``force_mag`` newtons, 1 pushes it to the
+    right.
+
+    ## Observation Space
+
+    ``Box(float32)`` of shape ``(4,)`` with Gymnasium's bounds: cart position x in [-4.8, 4.8],
+    cart velocity (unbounded), pole angle θ in [-0.419, 0.419] rad (±24°), pole angular velocity
+    (unbounded). θ = 0 is upright and grows clockwise (the pole's top moving right).
+
+    ## Rewards
+
+    1 for every step, including the step that terminates the episode, so the return is the
+    episode length (at most 500).
+
+    ## Starting State
+
+    Every state variable uniform in [-0.05, 0.05).
+
+    ## Episode End
+
+    Terminated when |θ| > 12° or |x| > 2.4 (the cart's centre leaves the track) after a step.
+    Truncated after ``horizon + 1`` steps: 500 by default (``horizon=499``), as ``CartPole-v1``.
+
+    ## Arguments
+
+    * ``agent``: index 0..9 of the default population below; default 0 (Gymnasium's defaults).
+    * ``length`` (half pole length, m), ``masspole`` (kg), ``masscart`` (kg), ``force_mag`` (N):
+      any positive value replaces the one of ``agent`` (``gym.make(id, length=0.8)`` is agent 0
+      with a longer pole). Non-positive or non-finite values raise ``ValueError``.
+    * ``horizon``: last time index H (an episode has H + 1 steps), default 499.
+    * ``render_mode``: ``"ansi"`` (the state as text).
+
+    The default population varies every parameter by up to ±50% around Gymnasium's value, at
+    five levels ×1, ×1.25, ×1.5, ×0.5, ×0.75 (levels 0..4). Agent k = 5b + a (a, b in 0..4)
+    gives the p-th parameter (length, masspole, masscart, force_mag) level (a·p + b) mod 5, with
+    p = 1..4: rows of a 5-level orthogonal array, so every parameter takes every level twice and
+    two agents never share more than one parameter value.
+
+    | agent | length | masspole | masscart | force_mag |
+    |---|---|---|---|---|
+    | 0 | 0.5 | 0.1 | 1.0 | 10.0 |
+    | 1 | 0.625 | 0.15 | 0.5 | 7.5 |
+    | 2 | 0.75 | 0.075 | 1.25 | 5.0 |
+    | 3 | 0.25 | 0.125 | 0.75 | 15.0 |
+    | 4 | 0.375 | 0.05 | 1.5 | 12.5 |
+    | 5 | 0.625 | 0.125 | 1.25 | 12.5 |
+    | 6 | 0.75 | 0.05 | 0.75 | 10.0 |
+    | 7 | 0.25 | 0.1 | 1.5 | 7.5 |
+    | 8 | 0.375 | 0.15 | 1.0 | 5.0 |
+    | 9 | 0.5 | 0.075 | 0.5 | 15.0 |
+
+    ```python
+    >>> import gymnasium as gym, fedrl_envs
+    >>> env = gym.make("fedrl/CartPole-v0", agent=3)
+    >>> obs, info = env.reset(seed=0)
+    >>> obs.shape, env.action_space
+    ((4,), Discrete(2))
+    >>> params = env.unwrapped.params
+    >>> params.length.item(), params.polemass_length.item()    # derived from the fields
+    (0.25, 0.03125)
+    >>> env.unwrapped.set_state([0.0, 0.0, 0.2, 0.0]).tolist()  # tilted 0.2 rad to the right
+    [0.0, 0.0, 0.20000000298023224, 0.0]
+    >>> obs, reward, terminated, truncated, info = env.step(0)  # push left: it falls further right
+    >>> round(float(obs[3]), 4), reward, terminated, truncated
+    (1.2539, 1.0, False, False)
+    >>> _ = env.unwrapped.set_state([0.0, 0.0, 0.2, 0.0])
+    >>> round(float(env.step(1)[0][3]), 4)                       # push right: the cart catches it
+    -0.9935
+
+    ```
+
+    ## Version History
+
+    * v0: initial version: ``CartPole-v1`` physics, termination and 500-step limit, with
+      per-agent pole length, pole mass, cart mass and force magnitude.
+    """
+
+    family = CARTPOLE
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 50}
+
+    def __init__(
+        self,
+        agent: int | None = None,
+        length: float | None = None,
+        masspole: float | None = None,
+        masscart: float | None = None,
+        force_mag: float | None = None,
+        horizon: int = 499,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(
+            render_mode=render_mode,
+            agent=agent,
+            length=length,
+            masspole=masspole,
+            masscart=masscart,
+            force_mag=force_mag,
+            horizon=horizon,
+        )
+
+    def _render_ansi(self) -> str:
+        x, x_dot, theta, theta_dot = self.state.tolist()
+        return (
+            f"x={x:+.3f} m  x_dot={x_dot:+.3f} m/s  theta={math.degrees(theta):+.2f} deg  "
+            f"theta_dot={theta_dot:+.3f} rad/s  t={self._t}\n"
+        )
