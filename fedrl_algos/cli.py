@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 #: functions ``register(subparsers)`` adding further sub-commands (demo, bench, reproduce)
 _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 
+from fedrl_algos import bench as _bench  # noqa: E402  (registers ``fedrl bench``)
+
+_EXTRA_COMMANDS.append(_bench.register)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedrl`` console script."""
