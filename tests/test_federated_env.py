@@ -295,6 +295,22 @@ def test_generic_fixed_horizon_pads_after_termination():
             assert abs(float(frozen[0, 0])) > 2.4 or abs(float(frozen[0, 2])) > 12 * 2 * math.pi / 360
 
 
+def test_native_fixed_horizon_pads_after_termination():
+    if "fedrl/CartPole-v0" not in fedrl_envs.FAMILIES:
+        pytest.skip("no native family with early termination registered")
+    venv = FederatedVecEnv("fedrl/CartPole-v0", 3, agents=[0, 1], seed=0, autoreset=False)
+    traj = venv.rollout(lambda obs: torch.ones(obs.shape[:2], dtype=torch.long), n_steps=40)
+    lengths = traj.alive.sum(-1)
+    assert (lengths < 40).all()
+    assert torch.equal(traj.rewards.sum(-1), lengths.float())  # reward 1 per real step, 0 after
+    for i in range(2):
+        for j in range(3):
+            end = int(lengths[i, j])
+            assert traj.terminated[i, j, end - 1 :].all() and not traj.terminated[i, j, : end - 1].any()
+            frozen = traj.observations[i, j, end:]
+            assert (frozen == frozen[:1]).all() and torch.equal(traj.last_observations[i, j], frozen[-1])
+
+
 def test_generic_autoreset_final_obs():
     venv = FederatedVecEnv("CartPole-v1", 4, agent_kwargs=[{}, {}], seed=1)
     obs, _ = venv.reset()
@@ -558,8 +574,8 @@ def test_rejected_generic_step_leaves_the_env_unchanged():
     bad = [
         (np.zeros((4,), dtype=np.float32), ValueError, "shape"),
         (np.zeros((3, 1), dtype=np.float32), ValueError, "shape"),
-        (np.full((4, 1), 2.5, dtype=np.float32), ValueError, "lie in"),
         (np.full((4, 1), np.nan, dtype=np.float32), ValueError, "finite"),
+        (np.array([[0.0], [np.inf], [0.0], [0.0]], dtype=np.float32), ValueError, "finite"),
         (np.zeros((4, 1), dtype=bool), TypeError, "actions"),
         (np.array([["a"]] * 4), TypeError, "actions"),
     ]
@@ -570,6 +586,10 @@ def test_rejected_generic_step_leaves_the_env_unchanged():
         ov, rv, *_ = venv.step(good)
         ot, rt, *_ = twin.step(good)
         assert torch.equal(ov, ot) and torch.equal(rv, rt)
+    # out-of-bounds torques are the environment's business: Pendulum clips them to [-2, 2]
+    ov, rv, *_ = venv.step(np.full((4, 1), 5.0, dtype=np.float32))
+    ot, rt, *_ = twin.step(np.full((4, 1), 2.0, dtype=np.float32))
+    assert torch.equal(ov, ot)
     cart = FederatedVecEnv("CartPole-v1", 2, seed=0)
     cart.reset()
     with pytest.raises(TypeError, match="integers"):
