@@ -430,8 +430,12 @@ def test_sb3_view_helpers():
     assert view.seed(3) == [3, 4, 5]
     view.reset()
     view.close()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="agent must be in"):
         fed.to_sb3(agent=2)
+    with pytest.raises(TypeError, match="agent"):
+        fed.to_sb3(agent="0")
+    with pytest.raises(ValueError, match=r"agents\[0\]=3 is out of range"):
+        fed.subset([3])
     generic = FederatedVecEnv("CartPole-v1", 2, agent_kwargs=[{}, {"max_episode_steps": 50}], seed=0)
     gview = generic.to_sb3(agent=1, monitor=False)
     assert gview.get_attr("spec")[0].max_episode_steps == 50

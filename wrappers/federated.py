@@ -124,19 +124,20 @@ def _check_stream_ids(stream_ids: Any, n_agents: int) -> list[int]:
     return ids  # type: ignore[return-value]
 
 
-def _agent_list(agents: Any, n_tasks: int, env_id: str) -> list[int]:
+def _agent_list(agents: Any, n_tasks: int, owner: str, name: str = "agents") -> list[int]:
+    """``agents`` as a non-empty list of ints in ``[0, n_tasks)``; errors name ``name``."""
     if isinstance(agents, int | np.integer) or not isinstance(agents, Sequence | np.ndarray | torch.Tensor | range):
-        raise TypeError(f"agents must be a list of task indices, got {type(agents).__name__}")
+        raise TypeError(f"{name} must be a list of indices, got {type(agents).__name__}")
     values = agents.tolist() if isinstance(agents, np.ndarray | torch.Tensor) else list(agents)
     if len(values) == 0:
-        raise ValueError("agents must be a non-empty list of task indices")
+        raise ValueError(f"{name} must be a non-empty list of indices")
     out = []
     for pos, k in enumerate(values):
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
-            raise TypeError(f"agents[{pos}] must be an int task index, got {type(k).__name__}")
+            raise TypeError(f"{name}[{pos}] must be an int index, got {type(k).__name__}")
         if not 0 <= k < n_tasks:
             raise ValueError(
-                f"agents[{pos}]={k} is out of range: {env_id} has {n_tasks} training tasks (indices 0..{n_tasks - 1})"
+                f"{name}[{pos}]={k} is out of range: {owner} has {n_tasks} (indices 0..{n_tasks - 1})"
             )
         out.append(int(k))
     return out
@@ -246,7 +247,7 @@ class FederatedVecEnv(VectorEnv):
         Each chosen agent keeps its task and its random stream (same seed and stream index), so
         given the same seed and actions it reproduces the trajectories it has here.
         """
-        positions = _agent_list(agents, self.n_agents, f"this federation of {self.n_agents} agents")
+        positions = _agent_list(agents, self.n_agents, "this federation's agent list")
         return FederatedVecEnv(
             self.env_id,
             self.n_envs if n_envs is None else n_envs,
@@ -276,7 +277,11 @@ class FederatedVecEnv(VectorEnv):
         if agent is None:
             positions = list(range(self.n_agents))
         else:
-            positions = _agent_list([agent], self.n_agents, f"this federation of {self.n_agents} agents")
+            if isinstance(agent, bool) or not isinstance(agent, int | np.integer):
+                raise TypeError(f"agent must be an int position (or None), got {type(agent).__name__}")
+            if not 0 <= agent < self.n_agents:
+                raise ValueError(f"agent must be in [0, {self.n_agents - 1}] (a position in this federation), got {agent}")
+            positions = [int(agent)]
         view: VecEnv = SB3VecEnv(self.subset(positions, autoreset=True))
         if monitor:
             from stable_baselines3.common.vec_env import VecMonitor
@@ -374,7 +379,7 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
         seed = _check_seed(seed)
         common = dict(env_kwargs or {})
         if agents is not None:
-            picks = _agent_list(agents, len(family.train_tasks), env_id)
+            picks = _agent_list(agents, len(family.train_tasks), f"{env_id}'s list of training tasks")
             extra = _check_agent_kwargs(agent_kwargs, len(picks)) or [{} for _ in picks]
             make = [{**common, "agent": k, **kw} for k, kw in zip(picks, extra, strict=True)]
         elif agent_kwargs is not None:
