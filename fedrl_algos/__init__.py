@@ -3,7 +3,9 @@
 >>> from fedrl_algos import PerFedAvgPG, FedAvgPG, IndependentPG
 """
 
+from fedrl_algos.fed_sb3 import FedAvgSB3
 from fedrl_algos.per_fedavg import FedAvgPG, IndependentPG, PerFedAvgPG
 from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
 
 __all__ = ["FedAvgPG", "FlatPolicy", "IndependentPG", "MlpPolicy", "PerFedAvgPG", "TabularPolicy"]
+__all__ += ["FedAvgSB3"]
