@@ -47,6 +47,10 @@ from fedrl_algos import bench as _bench  # noqa: E402  (registers ``fedrl bench`
 
 _EXTRA_COMMANDS.append(_bench.register)
 
+from fedrl_algos.reproduce import demo as _demo  # noqa: E402  (registers ``fedrl demo``)
+
+_EXTRA_COMMANDS.append(_demo.register)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedrl`` console script."""

@@ -9,7 +9,8 @@ and ``log q(ξ; θ) = Σ_h log π(a_h|s_h) + const``. Then
 
 ``u`` is never formed: :func:`hessian_vector_product` returns the batch mean of ``u(ξ)·v`` either by
 autograd (a forward-mode JVP of ``log q`` along ``v`` for the rank-one part, a double backward for
-``∇²ν·v``; any policy) or in closed form for the tabular softmax (:func:`tabular_hvp`).
+``∇²ν·v``; any policy) or in closed form for the tabular softmax (:func:`tabular_hvp`) and the
+one-hidden-layer softmax MLP (:func:`fedrl_algos.core.mlp_hvp.mlp_hvp`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def _is_tabular(policy: object) -> bool:
     return isinstance(policy, TabularPolicy)
 
 
+def _is_softmax_mlp(policy: object) -> bool:
+    from fedrl_algos.core.mlp_hvp import is_softmax_mlp
+
+    return is_softmax_mlp(policy)
+
+
 def _masked_log_prob(policy, theta: torch.Tensor, traj: Trajectories) -> torch.Tensor:
     return policy.log_prob(theta, traj.obs, traj.actions) * traj.mask
 
@@ -56,11 +63,16 @@ def policy_gradient(
     :param theta: parameters ``[*B, d]`` the trajectories were sampled with
     :param traj: trajectories ``[*B, m, T, ...]``
     :param gamma: discount
-    :param closed_form: use the tabular closed form (default: whenever the policy is tabular)
+    :param closed_form: use the closed form (default: whenever there is one — the tabular softmax,
+        or the one-hidden-layer softmax MLP of :mod:`fedrl_algos.core.mlp_hvp`)
     """
     if closed_form is None:
-        closed_form = _is_tabular(policy)
+        closed_form = _is_tabular(policy) or _is_softmax_mlp(policy)
     if closed_form:
+        if _is_softmax_mlp(policy):
+            from fedrl_algos.core.mlp_hvp import mlp_policy_gradient
+
+            return mlp_policy_gradient(policy, theta, traj, gamma)
         return tabular_policy_gradient(policy, theta, traj, gamma)
     reward_to_go = discounted_rewards_to_go(traj.rewards, gamma)
     with torch.enable_grad():
@@ -139,10 +151,15 @@ def hessian_vector_product(
 ) -> torch.Tensor:
     """``Ĥv = (1/m) Σ_ξ u(ξ; θ) v``, the paper's curvature estimate applied to ``v``: ``[*B, d]``.
 
-    :param closed_form: use the tabular closed form (default: whenever the policy is tabular)
+    :param closed_form: use the closed form (default: whenever there is one — the tabular softmax,
+        or the one-hidden-layer softmax MLP of :mod:`fedrl_algos.core.mlp_hvp`)
     """
     if closed_form is None:
-        closed_form = _is_tabular(policy)
+        closed_form = _is_tabular(policy) or _is_softmax_mlp(policy)
     if closed_form:
+        if _is_softmax_mlp(policy):
+            from fedrl_algos.core.mlp_hvp import mlp_hvp
+
+            return mlp_hvp(policy, theta, traj, v, gamma)
         return tabular_hvp(policy, theta, traj, v, gamma)
     return autograd_hvp(policy, theta, traj, v, gamma)
