@@ -4,8 +4,11 @@
 """
 
 from fedrl_algos.fed_sb3 import FedAvgSB3
+from fedrl_algos.fedpg_br import FedPGBR
+from fedrl_algos.mfpo import MFPO
 from fedrl_algos.per_fedavg import FedAvgPG, IndependentPG, PerFedAvgPG
 from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
 
 __all__ = ["FedAvgPG", "FlatPolicy", "IndependentPG", "MlpPolicy", "PerFedAvgPG", "TabularPolicy"]
 __all__ += ["FedAvgSB3"]
+__all__ += ["FedPGBR", "MFPO"]

@@ -45,6 +45,7 @@ def rollout(
     streams: RandomStreams,
     n_trajectories: int,
     horizon: int | None = None,
+    stop_when_done: bool = False,
 ) -> Trajectories:
     """Collect ``n_trajectories`` whole episodes for every row of a batch.
 
@@ -59,6 +60,10 @@ def rollout(
     :param streams: random streams with ``batch_shape == B``
     :param n_trajectories: trajectories per row (m)
     :param horizon: last time index H (default: the family's); T = H + 1 steps are collected
+    :param stop_when_done: stop stepping once every episode of the batch has terminated and return
+        only the steps up to the last one that ran (``T <= H + 1``; the dropped steps all have mask
+        0). The random streams still advance as if all ``H + 1`` steps had run, so the result is
+        a prefix of the full rollout and later draws are unchanged.
     :return: :class:`Trajectories` with axes ``[*B, m, T, ...]``
     """
     batch = theta.shape[:-1]
@@ -77,10 +82,18 @@ def rollout(
     state = family.reset(rows, noise.reshape(n_rows * m, -1))
     obs_list, act_list, rew_list, alive_list = [], [], [], []
     alive = torch.ones(n_rows * m, dtype=torch.bool, device=theta.device)
-    for _ in range(horizon + 1):
+    per_step = torch.zeros_like(streams.counters)
+    for h in range(horizon + 1):
+        if stop_when_done and h > 0 and not bool(alive.any()):
+            # Draw nothing more, but leave the streams where the full rollout would: each step
+            # draws the same amount (that of the last step that ran).
+            streams.counters = streams.counters + per_step * (horizon + 1 - h)
+            break
         obs = family.observe(state, rows)
         obs_b = obs.reshape(*batch, m, *obs.shape[1:])
+        before = streams.counters
         action = policy.sample(theta, obs_b, streams)
+        per_step = streams.counters - before
         state, reward, terminated = family.step(state, action.reshape(n_rows * m, *action.shape[len(batch) + 1 :]), rows)
         obs_list.append(obs_b)
         act_list.append(action)
@@ -105,6 +118,7 @@ class Sampler:
     :param policy: the flat policy
     :param streams: one random stream per batch row
     :param horizon: episode horizon override
+    :param stop_when_done: see :func:`rollout`
     """
 
     family: TaskFamily
@@ -112,6 +126,9 @@ class Sampler:
     policy: Any
     streams: RandomStreams
     horizon: int | None = None
+    stop_when_done: bool = False
 
     def __call__(self, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
-        return rollout(self.family, self.params, self.policy, theta, self.streams, n_trajectories, self.horizon)
+        return rollout(
+            self.family, self.params, self.policy, theta, self.streams, n_trajectories, self.horizon, self.stop_when_done
+        )

@@ -1,0 +1,271 @@
+"""GPOMDP and REINFORCE with baselines, importance weights and paired (current/previous) gradients.
+
+Notation: a trajectory τ = (s_0, a_0, r_0, …, s_T−1, a_T−1, r_T−1) with a mask ``mask_h`` (1 while
+the episode runs, 0 after it terminated); ``R^h = Σ_{t ≥ h} γ^t r_t`` is the reward-to-go with
+absolute discounting (as :func:`~fedrl_algos.core.estimators.discounted_rewards_to_go`), so
+``R^0 = R(τ)`` is the discounted return. Every estimator here is a *score-weighted sum*
+
+    ĝ = (1/m) Σ_j c_j Σ_h ψ_{j,h} ∇log π(a_{j,h} | s_{j,h}; θ)
+
+with per-step weights ψ and optional per-trajectory weights c (importance weights):
+
+* GPOMDP (Baxter & Bartlett 2001): ``ψ_{j,h} = mask_{j,h} (R^h_j − b_h)``;
+* REINFORCE (Williams 1992): ``ψ_{j,h} = mask_{j,h} (R(τ_j) − b)``.
+
+Without a baseline GPOMDP *is* :func:`~fedrl_algos.core.estimators.policy_gradient` (same sum) and
+has the same expectation ∇J as REINFORCE. The baselines, all computed over the trajectory axis of
+each batch row and only over the trajectories still running at ``h``:
+
+* ``"loo"`` (default) — leave-one-out mean of the *other* trajectories: independent of trajectory
+  j, so the estimate stays unbiased;
+* ``"mean"`` — the batch mean including j (biased by O(1/m), slightly lower variance);
+* ``None`` — no baseline.
+
+Every function is batched over leading dimensions ``[*B]`` (e.g. ``(run, agent)``) and makes one
+autograd call for the whole batch; nothing loops over agents or trajectories.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedrl_algos.core.estimators import discounted_rewards_to_go
+from fedrl_algos.core.meta import GradientEstimator
+from fedrl_algos.core.rollout import Trajectories
+
+__all__ = [
+    "BASELINES",
+    "ESTIMATORS",
+    "time_baseline",
+    "gpomdp_weights",
+    "reinforce_weights",
+    "step_weights",
+    "masked_log_prob",
+    "score_gradient",
+    "gpomdp",
+    "reinforce",
+    "log_importance_weights",
+    "importance_weights",
+    "paired_gradients",
+    "ScoreFunctionGradient",
+]
+
+#: accepted values of every ``baseline`` argument
+BASELINES = ("loo", "mean", None)
+#: accepted values of every ``estimator`` argument
+ESTIMATORS = ("gpomdp", "reinforce")
+
+
+def _check_baseline(baseline: str | None) -> None:
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+
+
+def time_baseline(values: torch.Tensor, mask: torch.Tensor, baseline: str | None = "loo") -> torch.Tensor:
+    """Per-trajectory baseline ``b_{j,h}`` of ``values [*B, m, T]`` over the trajectory axis (−2).
+
+    Only trajectories running at ``h`` (``mask > 0``) enter the average; a row with no other
+    running trajectory gets 0. For ``"loo"`` trajectory j's baseline excludes j itself.
+
+    :return: ``[*B, m, T]``
+    """
+    _check_baseline(baseline)
+    if baseline is None:
+        return torch.zeros_like(values)
+    alive = (mask > 0).to(values.dtype)
+    total = (values * alive).sum(-2, keepdim=True)
+    count = alive.sum(-2, keepdim=True)
+    if baseline == "loo":
+        total = total - values * alive
+        count = count - alive
+    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total)).expand_as(values)
+
+
+def gpomdp_weights(traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:
+    """GPOMDP step weights ``ψ_{j,h} = mask (R^h_j − b_h)``: ``[*B, m, T]``."""
+    reward_to_go = discounted_rewards_to_go(traj.rewards * traj.mask, gamma)
+    return (reward_to_go - time_baseline(reward_to_go, traj.mask, baseline)) * traj.mask
+
+
+def reinforce_weights(traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:
+    """REINFORCE step weights ``ψ_{j,h} = mask (R(τ_j) − b)``: ``[*B, m, T]``.
+
+    The baseline averages the other trajectories' returns (every trajectory runs at h = 0).
+    """
+    ret = discounted_rewards_to_go(traj.rewards * traj.mask, gamma)[..., :1]  # [*B, m, 1]
+    ones = torch.ones_like(ret)
+    return (ret - time_baseline(ret, ones, baseline)) * traj.mask
+
+
+def step_weights(traj: Trajectories, gamma: float, estimator: str = "gpomdp", baseline: str | None = "loo") -> torch.Tensor:
+    """``ψ`` of ``estimator`` (``"gpomdp"`` or ``"reinforce"``): ``[*B, m, T]``."""
+    if estimator == "gpomdp":
+        return gpomdp_weights(traj, gamma, baseline)
+    if estimator == "reinforce":
+        return reinforce_weights(traj, gamma, baseline)
+    raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+
+
+def masked_log_prob(policy, theta: torch.Tensor, traj: Trajectories) -> torch.Tensor:
+    """``log π(a_h | s_h; θ)`` with 0 after termination: ``[*B, m, T]``.
+
+    ``torch.where`` (not a product with the mask) keeps a ``-inf`` log-probability of a step after
+    termination (states there are never reset and may leave the network's range) from becoming NaN.
+    """
+    logp = policy.log_prob(theta, traj.obs, traj.actions)
+    return torch.where(traj.mask > 0, logp, torch.zeros_like(logp))
+
+
+def score_gradient(
+    policy,
+    theta: torch.Tensor,
+    traj: Trajectories,
+    psi: torch.Tensor,
+    traj_weights: torch.Tensor | None = None,
+    per_trajectory: bool = False,
+) -> torch.Tensor:
+    """``(1/m) Σ_j c_j Σ_h ψ_{j,h} ∇log π(a_{j,h}|s_{j,h}; θ)`` for every row: ``[*B, d]``.
+
+    :param policy: a flat policy
+    :param theta: parameters ``[*B, d]``
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param psi: step weights ``[*B, m, T]`` (e.g. :func:`gpomdp_weights`), treated as constants
+    :param traj_weights: per-trajectory weights ``c [*B, m]`` (default 1), treated as constants
+    :param per_trajectory: return the un-averaged per-trajectory terms ``c_j Σ_h ψ ∇log π``
+        ``[*B, m, d]`` instead (one autograd call: every trajectory gets its own copy of θ)
+    """
+    psi = psi.detach()
+    if traj_weights is not None:
+        psi = psi * traj_weights.detach().unsqueeze(-1)
+    m = traj.n_trajectories
+    with torch.enable_grad():
+        if per_trajectory:
+            batch = theta.shape[:-1]
+            th = theta.detach().unsqueeze(-2).expand(*batch, m, theta.shape[-1]).contiguous().requires_grad_(True)
+            # Each trajectory is its own batch row with one "trajectory" of T steps.
+            obs = traj.obs.unsqueeze(len(batch) + 1)
+            actions = traj.actions.unsqueeze(len(batch) + 1)
+            mask = traj.mask.unsqueeze(-2)
+            logp = policy.log_prob(th, obs, actions)
+            logp = torch.where(mask > 0, logp, torch.zeros_like(logp))
+            (grad,) = torch.autograd.grad((logp * psi.unsqueeze(-2)).sum(), th)
+            return grad
+        th = theta.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad((masked_log_prob(policy, th, traj) * psi).sum(), th)
+    return grad / m
+
+
+def gpomdp(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:
+    """GPOMDP estimate of ∇J for every row: ``[*B, d]``."""
+    return score_gradient(policy, theta, traj, gpomdp_weights(traj, gamma, baseline))
+
+
+def reinforce(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:
+    """REINFORCE estimate of ∇J for every row: ``[*B, d]``."""
+    return score_gradient(policy, theta, traj, reinforce_weights(traj, gamma, baseline))
+
+
+def log_importance_weights(policy, theta_target: torch.Tensor, theta_behaviour: torch.Tensor, traj: Trajectories) -> torch.Tensor:
+    """``log w_j = Σ_h mask (log π_target(a_h|s_h) − log π_behaviour(a_h|s_h))``: ``[*B, m]``.
+
+    ``w_j = p(τ_j | θ_target) / p(τ_j | θ_behaviour)`` (the transition terms cancel) for trajectories
+    drawn with ``θ_behaviour``.
+    """
+    with torch.no_grad():
+        return (masked_log_prob(policy, theta_target, traj) - masked_log_prob(policy, theta_behaviour, traj)).sum(-1)
+
+
+def importance_weights(
+    log_w: torch.Tensor, max_weight: float | None = None, self_normalize: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weights from log weights ``[*B, m]``, computed without overflow.
+
+    * ``max_weight`` (truncation): ``w = exp(min(log w, log max_weight))``. With ``None`` the log
+      weight is still clamped at the log of the dtype's largest value, so ``w`` is finite; below
+      the cap the weights are exact.
+    * ``self_normalize``: ``w_j = m·softmax(log w)_j`` over the trajectory axis (the weights of a
+      row average to 1); computed with the max-shift of softmax, so it never overflows, and
+      applied after truncation when both are given.
+
+    :return: ``(weights, clipped)`` — the weights ``[*B, m]`` and a boolean mask of the truncated ones
+    """
+    log_w = log_w.detach()
+    cap = math.log(max_weight) if max_weight is not None else math.log(torch.finfo(log_w.dtype).max) - 1.0
+    clipped = log_w > cap
+    log_w = log_w.clamp(max=cap)
+    if self_normalize:
+        return torch.softmax(log_w, dim=-1) * log_w.shape[-1], clipped
+    return torch.exp(log_w), clipped
+
+
+def paired_gradients(
+    policy,
+    theta: torch.Tensor,
+    theta_prev: torch.Tensor,
+    traj: Trajectories,
+    psi: torch.Tensor,
+    max_weight: float | None = None,
+    self_normalize: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The current estimate and the importance-weighted previous one from the same trajectories.
+
+    For trajectories drawn with ``theta`` this returns, for every row,
+
+    * ``g = (1/m) Σ_j Σ_h ψ_{j,h} ∇log π(a|s; θ)``,
+    * ``g_prev = (1/m) Σ_j w_j Σ_h ψ_{j,h} ∇log π(a|s; θ_prev)`` with
+      ``w_j = p(τ_j|θ_prev) / p(τ_j|θ)`` (:func:`importance_weights`),
+
+    the two estimates of MFPO's eq. (3) and of the SCSG inner loop of FedPG-BR, in one forward
+    and one backward pass (θ and θ_prev stacked on a new leading axis).
+
+    :return: ``(g [*B, d], g_prev [*B, d], w [*B, m], clipped [*B, m])``
+    """
+    psi = psi.detach()
+    m = traj.n_trajectories
+    pair = torch.stack((theta.detach(), theta_prev.detach().to(theta.dtype).expand_as(theta)))
+    with torch.enable_grad():
+        th = pair.requires_grad_(True)
+        obs = traj.obs.unsqueeze(0).expand(2, *traj.obs.shape)
+        actions = traj.actions.unsqueeze(0).expand(2, *traj.actions.shape)
+        logp = policy.log_prob(th, obs, actions)
+        logp = torch.where(traj.mask > 0, logp, torch.zeros_like(logp))
+        log_w = (logp[1] - logp[0]).detach().sum(-1)
+        w, clipped = importance_weights(log_w, max_weight, self_normalize)
+        surrogate = (logp[0] * psi).sum() + (logp[1] * psi * w.unsqueeze(-1)).sum()
+        (grad,) = torch.autograd.grad(surrogate, th)
+    return grad[0] / m, grad[1] / m, w, clipped
+
+
+class ScoreFunctionGradient(GradientEstimator):
+    """GPOMDP or REINFORCE with a baseline from ``m`` fresh trajectories at θ (a strategy object).
+
+    :param policy: the flat policy
+    :param gamma: discount
+    :param m: trajectories per estimate
+    :param estimator: ``"gpomdp"`` or ``"reinforce"``
+    :param baseline: ``"loo"``, ``"mean"`` or ``None``
+    """
+
+    def __init__(self, policy, gamma: float, m: int, estimator: str = "gpomdp", baseline: str | None = "loo") -> None:
+        super().__init__(policy, gamma)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"m must be an int >= 1, got {m!r}")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        _check_baseline(baseline)
+        self.m, self.estimator, self.baseline = m, estimator, baseline
+        self.name = estimator
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.m
+
+    def weights(self, traj: Trajectories) -> torch.Tensor:
+        """The step weights ψ of this estimator for ``traj``."""
+        return step_weights(traj, self.gamma, self.estimator, self.baseline)
+
+    def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:
+        traj = sampler(theta, self.m)
+        return score_gradient(self.policy, theta, traj, self.weights(traj))

@@ -1,0 +1,667 @@
+"""The MFPO paper's comparison (section VI) and FedPG-BR's Byzantine experiment.
+
+* ``mfpo`` — MFPO, FedPG-BR and FedAvg-PG on the heterogeneous ``fedrl/CartPole-v0`` (or
+  ``fedrl/Pendulum-v0``: option ``env``) family with 10 agents, K = 10, D = 20: evaluation return
+  against environment steps per agent and against communication rounds (figs. 3), Table I; then
+  MFPO's number-of-agents sweep N ∈ {1, 5, 10, 20, 50} (fig. 5) and local-steps sweep
+  K ∈ {1, 5, 10, 20, 50} (fig. 6). Fed-DQN and Fed-SAC belong to issue 7 and are reported as
+  missing rows, never run here.
+* ``byzantine`` — FedPG-BR and FedAvg-PG with no attack and with 3 of 10 Byzantine agents under
+  random noise and sign flipping (records carry ``attack``).
+
+Every method runs all seeds as one batched program (rows ``[seed, agent]``); loops run over rounds
+and local steps only. Records: ``experiment``, ``part``, ``method``, ``env``, ``seed``, ``round``,
+``step`` (environment steps per agent, counted until each episode ends), ``trajectories`` (per
+agent), ``return`` (undiscounted evaluation return of the server policy, averaged over the agents'
+tasks), plus ``attack``, ``n_agents``, ``local_steps`` where they vary.
+
+Options (``experiment.options``, set with :meth:`MFPOComparison.configure`): ``env``
+(``cartpole``/``pendulum``), ``budget`` (environment steps per agent of the comparison, default
+1e6), ``sweep_budget`` (of each sweep run, default 1e6), ``comparison`` and ``sweeps`` (run those
+parts), ``sb3_baselines`` (run Fed-DQN/Fed-SAC) and ``sb3_budget`` (their steps per agent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedrl_algos.attacks import AttackedEstimator, attack_streams, make_attack
+from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient
+from fedrl_algos.core.meta import GradientEstimator, aggregate
+from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
+from fedrl_algos.mfpo import ExponentialStepSize, MFPOState, MFPOUpdate, MomentumSchedule
+from fedrl_algos.policies import MlpPolicy
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, register
+from fedrl_envs import stack_params
+
+__all__ = [
+    "ENVS",
+    "MethodConfig",
+    "Population",
+    "train_mfpo",
+    "train_fedavg",
+    "train_fedpg_br",
+    "train_sb3_baseline",
+    "MFPOComparison",
+    "ByzantineExperiment",
+]
+
+#: option ``env`` → registered family id
+ENVS = {"cartpole": "fedrl/CartPole-v0", "pendulum": "fedrl/Pendulum-v0"}
+GAMMA = 0.99
+#: Table I of the MFPO paper: mean ± std of the final average score
+PAPER_TABLE_I = {
+    "cartpole": {"Fed-DQN": (234.3, 92.5), "FedPG-BR": (446.7, 53.3), "Fed-SAC": (393.4, 55.5), "MFPO": (500.0, 0.0)},
+    "pendulum": {"Fed-DQN": (-604.1, 200.4), "FedPG-BR": (-264.2, 86.8), "Fed-SAC": (-377.9, 107.1), "MFPO": (-115.5, 51.4)},
+}
+
+
+@dataclass
+class MethodConfig:
+    """Hyperparameters of the three methods (defaults: the paper's classic-control settings where
+    it gives them; see ``docs/reproduction_mfpo.md`` for the choices it leaves open).
+
+    :param local_steps: K
+    :param n_trajectories: D
+    :param initial_trajectories: D̃ of MFPO (``None``: D·K)
+    :param step_size: α_t of MFPO and FedAvg-PG
+    :param momentum: ν_t of MFPO
+    :param max_importance_weight: truncation of MFPO's importance weights
+    :param fedpg_br_lr: η of FedPG-BR
+    :param batch_range: FedPG-BR's (B_min, B_max)
+    :param inner_batch_size: FedPG-BR's b
+    :param net_arch: hidden layers of the policy
+    :param activation: hidden activation
+    :param eval_trajectories: evaluation episodes per agent
+    :param evaluations: evaluations over a budget (one every ``budget / evaluations`` steps per agent)
+    :param eval_every: rounds between evaluations when there is no step budget (quick runs)
+    """
+
+    local_steps: int = 10
+    n_trajectories: int = 20
+    initial_trajectories: int | None = None
+    step_size: Callable[[int], float] = field(default_factory=ExponentialStepSize)
+    momentum: Callable[[int, float], float] = field(default_factory=MomentumSchedule)
+    max_importance_weight: float | None = 2.0
+    fedpg_br_lr: float = 1e-3
+    batch_range: tuple[int, int] = (14, 18)
+    inner_batch_size: int = 4
+    net_arch: tuple[int, ...] = (16, 16)
+    activation: str = "tanh"
+    eval_trajectories: int = 5
+    evaluations: int = 40
+    eval_every: int = 1
+
+    def describe(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k not in ("step_size", "momentum")}
+        out["step_size"] = repr(self.step_size)
+        out["momentum"] = repr(self.momentum)
+        return out
+
+
+class Population:
+    """``R`` seeds × ``n`` agents of a classic-control family, with the policy and evaluation.
+
+    Agent ``i`` runs the default population's task ``i mod 10`` (agent 0: Gymnasium's defaults).
+    """
+
+    def __init__(self, env: str, seeds: Sequence[int], n_agents: int, cfg: MethodConfig, device: str = "cpu") -> None:
+        import fedrl_envs
+
+        if env not in ENVS:
+            raise ValueError(f"env must be one of {sorted(ENVS)}, got {env!r}")
+        if ENVS[env] not in fedrl_envs.FAMILIES:
+            raise RuntimeError(f"{ENVS[env]} is not registered (the classic-control families of fedrl_envs are needed)")
+        self.env = env
+        self.family = fedrl_envs.FAMILIES[ENVS[env]]
+        tasks = self.family.train_tasks
+        self.params = stack_params([tasks[i % len(tasks)] for i in range(n_agents)])
+        one = tasks[0]
+        self.policy = MlpPolicy(self.family.observation_space(one), self.family.action_space(one),
+                                net_arch=cfg.net_arch, activation=cfg.activation).to(device)
+        self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
+        self.n_agents = n_agents
+        self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
+        self.federation.sampler.stop_when_done = True
+        self.federation.eval_sampler.stop_when_done = True
+        self.cfg = cfg
+
+    @property
+    def n_runs(self) -> int:
+        return int(self.seeds.numel())
+
+    def initial_theta(self) -> torch.Tensor:
+        """Every seed starts from the policy's shared initialization ``[R, d]``."""
+        return self.policy.theta.detach().expand(self.n_runs, -1).clone()
+
+    def evaluate(self, theta: torch.Tensor) -> torch.Tensor:
+        """Undiscounted return of the server policy ``theta [R, d]``, averaged over agents: ``[R]``."""
+        traj = self.federation.eval_sampler(self.federation.broadcast(theta), self.cfg.eval_trajectories)
+        return traj.returns(1.0).mean((-1, -2))
+
+
+class _Curve:
+    """Collects evaluation points of a batched run until every seed has used the budget.
+
+    Evaluations: at the start, whenever the seeds' mean step count passes another
+    ``budget / cfg.evaluations`` (every ``cfg.eval_every`` rounds when the budget is 0), and at the end.
+    """
+
+    def __init__(self, pop: Population, budget: float, max_rounds: int, bar: Any = None) -> None:
+        self.pop, self.budget, self.max_rounds, self.bar = pop, budget, max_rounds, bar
+        self.steps = torch.zeros(pop.n_runs, dtype=torch.float64)
+        self.trajectories = torch.zeros(pop.n_runs, dtype=torch.float64)
+        self.points: list[dict[str, Any]] = []
+        self.rounds = 0
+        self.interval = budget / pop.cfg.evaluations if budget > 0 else 0.0
+        self.next_eval = self.interval
+
+    def record(self, theta: torch.Tensor) -> None:
+        ret = self.pop.evaluate(theta)
+        self.points.append({"round": self.rounds, "step": self.steps.clone(), "trajectories": self.trajectories.clone(), "return": ret.double().cpu()})
+
+    def advance(self, env_steps: torch.Tensor, trajectories: Any) -> bool:
+        """Count one round; ``True`` while training should go on."""
+        self.rounds += 1
+        self.steps += env_steps.double().cpu()
+        self.trajectories += torch.as_tensor(trajectories, dtype=torch.float64).cpu()
+        if self.bar is not None:
+            self.bar.set_postfix(round=self.rounds, steps=f"{float(self.steps.min()):.3g}")
+        return bool(self.steps.min() < self.budget) and self.rounds < self.max_rounds
+
+    def due(self, going: bool) -> bool:
+        if not going:
+            return True
+        if self.interval <= 0:
+            return self.rounds % self.pop.cfg.eval_every == 0
+        if float(self.steps.mean()) >= self.next_eval:
+            while self.next_eval <= float(self.steps.mean()):
+                self.next_eval += self.interval
+            return True
+        return False
+
+
+def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum: bool = True, bar: Any = None) -> list[dict[str, Any]]:
+    """MFPO (or, with ``momentum=False``, the same update with ν = 0) on every seed at once."""
+    cfg = pop.cfg
+    update = MFPOUpdate(
+        pop.policy, GAMMA, cfg.local_steps, cfg.n_trajectories,
+        cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
+        cfg.step_size, cfg.momentum if momentum else (lambda t, a: 0.0),
+        max_importance_weight=cfg.max_importance_weight,
+    )
+    state = MFPOState.initial(pop.initial_theta(), pop.n_agents)
+    curve = _Curve(pop, budget, max_rounds, bar)
+    curve.record(state.theta[:, 0])
+    going = True
+    while going:
+        state, info = update.round(pop.federation.sampler, state)
+        going = curve.advance(info["env_steps"].mean(-1), info["trajectories"])
+        if curve.due(going):
+            curve.record(state.theta[:, 0])
+    return curve.points
+
+
+class _Counting(GradientEstimator):
+    """Counts the environment steps of every trajectory an estimator draws (per row)."""
+
+    def __init__(self, inner: GradientEstimator) -> None:
+        super().__init__(inner.policy, inner.gamma)
+        self.inner = inner
+        self.steps: torch.Tensor | float = 0.0
+        self.name = inner.name
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.inner.trajectories_per_step
+
+    def __call__(self, sampler: Any, theta: torch.Tensor) -> torch.Tensor:
+        def draw(th: torch.Tensor, m: int) -> Any:
+            traj = sampler(th, m)
+            self.steps = self.steps + traj.mask.sum((-1, -2))
+            return traj
+
+        return self.inner(draw, theta)
+
+
+def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: Sequence[int] = (), max_rounds: int = 10**6,
+                 bar: Any = None) -> list[dict[str, Any]]:
+    """FedAvg-PG: K local steps ``θ ← θ + α_t ĝ`` (GPOMDP, D trajectories) per agent, then the average.
+
+    With ``attack``, the agents in ``byzantine`` apply it to every local direction.
+    """
+    cfg = pop.cfg
+    counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories))
+    mask = torch.zeros(pop.n_agents, dtype=torch.bool)
+    mask[list(byzantine)] = True
+    estimator: GradientEstimator = AttackedEstimator(counting, make_attack(attack), mask) if attack else counting
+    theta = pop.initial_theta()
+    curve = _Curve(pop, budget, max_rounds, bar)
+    curve.record(theta)
+    going, t = True, 0
+    while going:
+        local = pop.federation.broadcast(theta)
+        counting.steps = 0.0
+        for _ in range(cfg.local_steps):
+            t += 1
+            local = local + cfg.step_size(t) * estimator(pop.federation.sampler, local)
+        theta = aggregate(local)
+        going = curve.advance(counting.steps.mean(-1), cfg.local_steps * cfg.n_trajectories)
+        if curve.due(going):
+            curve.record(theta)
+    return curve.points
+
+
+def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine: Sequence[int] = (), use_filter: bool = True,
+                   max_rounds: int = 10**6, bar: Any = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """FedPG-BR on every seed at once; returns the curve and the filter's statistics."""
+    cfg = pop.cfg
+    update = FedPGBRUpdate(pop.policy, GAMMA, cfg.batch_range, cfg.inner_batch_size, cfg.fedpg_br_lr, "auto", 0.6, 0.4,
+                           use_filter=use_filter, attack=attack)
+    n = pop.n_agents
+    server = make_server_sampler(pop.family, pop.federation.agent_params, pop.policy, pop.seeds, cfg.inner_batch_size)
+    noise = attack_streams(pop.federation.streams)
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[list(byzantine)] = True
+    theta = pop.initial_theta()
+    curve = _Curve(pop, budget, max_rounds, bar)
+    curve.record(theta)
+    kept_honest = kept_byzantine = 0.0
+    going = True
+    while going:
+        uniform = pop.federation.server_streams.uniform((2,), dtype=torch.float64)
+        theta, info = update.round(theta, pop.federation.sampler, server, uniform, mask, noise)
+        kept = info["kept"].double()
+        kept_honest += float(kept[:, ~mask].mean()) if (~mask).any() else 0.0
+        kept_byzantine += float(kept[:, mask].mean()) if mask.any() else 0.0
+        going = curve.advance(info["env_steps"].mean(-1), info["batch_size"])
+        if curve.due(going):
+            curve.record(theta)
+    rounds = max(curve.rounds, 1)
+    stats = {"honest_kept_fraction": kept_honest / rounds, "byzantine_kept_fraction": kept_byzantine / rounds if mask.any() else float("nan")}
+    return curve.points, stats
+
+
+#: the federated SB3 baseline of each environment that SB3 can run (DQN: discrete actions; SAC: continuous)
+SB3_BASELINES = {"cartpole": ("Fed-DQN",), "pendulum": ("Fed-SAC",)}
+
+
+def train_sb3_baseline(method: str, env: str, seeds: Sequence[int], budget: float, n_agents: int = 10, evaluations: int = 10,
+                       eval_episodes: int = 5, device: str = "cpu") -> list[dict[str, Any]]:
+    """Fed-DQN / Fed-SAC from issue 7 (:func:`fedrl_algos.fed_sb3.run_fed_baseline`), one run per seed.
+
+    Their evaluation (issue 7's protocol) is deterministic episodes on every agent's own task.
+    """
+    from fedrl_algos.fed_sb3 import run_fed_baseline
+
+    total = max(int(budget * n_agents), n_agents)
+    out = []
+    for seed in seeds:
+        rows = run_fed_baseline(method, ENVS[env], n_agents, total, int(seed), eval_every=max(total // evaluations, 1),
+                                eval_episodes=eval_episodes, device=device)
+        out += [{"seed": int(seed), "round": r["round"], "step": float(r["env_steps_per_agent"]), "trajectories": None,
+                 "return": float(r["eval_return"])} for r in rows]
+    return out
+
+
+def _records(points: list[dict[str, Any]], seeds: Sequence[int], **fields: Any) -> list[dict[str, Any]]:
+    out = []
+    for p in points:
+        for i, seed in enumerate(seeds):
+            out.append({**fields, "seed": int(seed), "round": p["round"], "step": float(p["step"][i]),
+                        "trajectories": float(p["trajectories"][i]), "return": float(p["return"][i])})
+    return out
+
+
+def _final(records: list[dict[str, Any]], **match: Any) -> list[float]:
+    """Each seed's last evaluation among the records matching ``match``."""
+    rows = [r for r in records if all(r.get(k) == v for k, v in match.items())]
+    last: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        if r["seed"] not in last or r["round"] > last[r["seed"]]["round"]:
+            last[r["seed"]] = r
+    return [last[s]["return"] for s in sorted(last)]
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    t = torch.tensor(list(values), dtype=torch.float64)
+    return float(t.mean()), float(t.std(unbiased=False))
+
+
+def _first_reaching(records: list[dict[str, Any]], threshold: float, **match: Any) -> float | None:
+    """Environment steps per agent at which the seed-mean evaluation return first reaches ``threshold``."""
+    rows = [r for r in records if all(r.get(k) == v for k, v in match.items())]
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_round.setdefault(r["round"], []).append(r)
+    for rnd in sorted(by_round):
+        group = by_round[rnd]
+        if sum(r["return"] for r in group) / len(group) >= threshold:
+            return max(r["step"] for r in group)
+    return None
+
+
+def _bar(enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(desc=desc, leave=False, dynamic_ncols=True, bar_format="{desc} {postfix} [{elapsed}]")
+
+
+def _plot_curves(ax: Any, records: list[dict[str, Any]], key: str, group: str, label: Callable[[Any], str]) -> None:
+    """Mean ± std over seeds of ``return`` against ``key`` for each value of ``group``."""
+    values = []
+    for r in records:
+        if r[group] not in values:
+            values.append(r[group])
+    for v in values:
+        rows = [r for r in records if r[group] == v]
+        rounds = sorted({r["round"] for r in rows})
+        xs, ms, ss = [], [], []
+        for rnd in rounds:
+            pts = [r for r in rows if r["round"] == rnd]
+            ret = torch.tensor([p["return"] for p in pts], dtype=torch.float64)
+            xs.append(sum(p[key] for p in pts) / len(pts))
+            ms.append(float(ret.mean()))
+            ss.append(float(ret.std(unbiased=False)))
+        line = ax.plot(xs, ms, label=label(v))[0]
+        ax.fill_between(xs, [m - s for m, s in zip(ms, ss)], [m + s for m, s in zip(ms, ss)], color=line.get_color(), alpha=0.2)
+
+
+# ------------------------------------------------------------------------------------------------
+# fedrl reproduce mfpo
+# ------------------------------------------------------------------------------------------------
+class MFPOComparison(Experiment):
+    """MFPO vs FedPG-BR vs FedAvg-PG, and MFPO's agents and local-steps sweeps."""
+
+    name = "mfpo"
+    description = "MFPO vs FedPG-BR vs FedAvg-PG on heterogeneous CartPole/Pendulum; agents and local-steps sweeps"
+    paper_reference = "the MFPO paper, section VI: Table I and figs. 3, 5, 6"
+    agent_counts = (1, 5, 10, 20, 50)
+    local_step_counts = (1, 5, 10, 20, 50)
+
+    def __init__(self) -> None:
+        self.options: dict[str, Any] = {"env": "cartpole", "budget": 1e6, "sweep_budget": 1e6, "comparison": True, "sweeps": True,
+                                        "sb3_baselines": True, "sb3_budget": None}
+
+    def configure(self, **options: Any) -> MFPOComparison:
+        """Set options (``env``, ``budget``, ``sweep_budget``, ``comparison``, ``sweeps``,
+        ``sb3_baselines``, ``sb3_budget``: steps per agent of Fed-DQN/Fed-SAC, default ``budget``);
+        returns ``self``."""
+        unknown = set(options) - set(self.options)
+        if unknown:
+            raise ValueError(f"unknown option(s) {sorted(unknown)}; the options are {sorted(self.options)}")
+        if "env" in options and options["env"] not in ENVS:
+            raise ValueError(f"env must be one of {sorted(ENVS)}, got {options['env']!r}")
+        self.options.update(options)
+        return self
+
+    def config(self, quick: bool) -> tuple[MethodConfig, dict[str, Any]]:
+        opts = dict(self.options)
+        if quick:
+            cfg = MethodConfig(local_steps=2, n_trajectories=4, initial_trajectories=4, batch_range=(4, 5), inner_batch_size=2,
+                               eval_trajectories=2, eval_every=1)
+            opts.update(budget=0.0, sweep_budget=0.0, rounds=2, sweep_rounds=1, sb3_budget=60)
+        else:
+            cfg = MethodConfig()
+            opts.update(rounds=10**6, sweep_rounds=10**6, sb3_budget=opts["sb3_budget"] or opts["budget"])
+        return cfg, opts
+
+    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
+        cfg, opts = self.config(quick)
+        env = opts["env"]
+        seed_list = list(range(seeds))
+        records: list[dict[str, Any]] = []
+        base = {"experiment": self.name, "env": env}
+        notes: list[str] = []
+        wall: dict[str, float] = {}
+        import time
+
+        for method in ("MFPO", "FedAvg-PG", "FedPG-BR") if opts["comparison"] else ():
+            pop = Population(env, seed_list, 10, cfg, device)
+            bar = _bar(progress, f"mfpo: {method}")
+            start = time.perf_counter()
+            if method == "MFPO":
+                points = train_mfpo(pop, opts["budget"], opts["rounds"], bar=bar)
+            elif method == "FedAvg-PG":
+                points = train_fedavg(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar)
+            else:
+                points, _ = train_fedpg_br(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar)
+            wall[method] = time.perf_counter() - start
+            if bar is not None:
+                bar.close()
+            records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=10, local_steps=cfg.local_steps)
+        missing = {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"}
+        for method in ("Fed-DQN", "Fed-SAC"):
+            if method not in SB3_BASELINES[env]:
+                missing[method] = "not run: " + ("DQN needs discrete actions" if method == "Fed-DQN" else "SB3's SAC needs continuous actions")
+                continue
+            if not opts["sb3_baselines"] or not opts["comparison"]:
+                missing[method] = "not run (option sb3_baselines off)"
+                continue
+            try:
+                import fedrl_algos.fed_sb3  # noqa: F401
+            except ImportError:
+                continue
+            start = time.perf_counter()
+            rows = train_sb3_baseline(method, env, seed_list, opts["sb3_budget"], device=device)
+            wall[method] = time.perf_counter() - start
+            records += [{**base, "part": "comparison", "method": method, "n_agents": 10, "local_steps": None, **r} for r in rows]
+            missing.pop(method)
+        self._missing = missing
+        if opts["sweeps"]:
+            for n in self.agent_counts:
+                pop = Population(env, seed_list, n, cfg, device)
+                bar = _bar(progress, f"mfpo: N={n}")
+                start = time.perf_counter()
+                points = train_mfpo(pop, opts["sweep_budget"], opts["sweep_rounds"], bar=bar)
+                wall[f"MFPO N={n}"] = time.perf_counter() - start
+                if bar is not None:
+                    bar.close()
+                records += _records(points, seed_list, **base, part="agents_sweep", method="MFPO", n_agents=n, local_steps=cfg.local_steps)
+            for k in self.local_step_counts:
+                sweep_cfg = MethodConfig(**{**vars(cfg), "local_steps": k if not quick else min(k, 2)})
+                pop = Population(env, seed_list, 10, sweep_cfg, device)
+                bar = _bar(progress, f"mfpo: K={k}")
+                start = time.perf_counter()
+                points = train_mfpo(pop, opts["sweep_budget"], opts["sweep_rounds"], bar=bar)
+                wall[f"MFPO K={k}"] = time.perf_counter() - start
+                if bar is not None:
+                    bar.close()
+                records += _records(points, seed_list, **base, part="local_steps_sweep", method="MFPO", n_agents=10, local_steps=k)
+        table = self._table(records, env, quick)
+        notes += [
+            "Fed-DQN and Fed-SAC are issue 7's federated SB3 baselines (FedAvgSB3, parameter averaging of SB3 DQN/SAC); "
+            "SB3 has DQN for discrete actions only and SAC for continuous ones, so each environment runs the one that applies.",
+            "Returns are undiscounted evaluation returns of the server policy (5 episodes per agent, averaged over the "
+            "10 heterogeneous agents' tasks); steps are environment steps per agent, counted until each episode ends.",
+            "FedAvg-PG uses MFPO's estimator (GPOMDP with a leave-one-out baseline), batch and step-size schedule: the "
+            "only differences are MFPO's momentum, importance weights and server step.",
+            "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
+        ]
+        settings = {**{k: v for k, v in opts.items()}, "methods": cfg.describe(), "n_agents": 10, "gamma": GAMMA,
+                    "seeds": seeds, "wall_time_per_method_s": wall}
+        return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
+
+    def _table(self, records: list[dict[str, Any]], env: str, quick: bool) -> list[TableRow]:
+        paper = PAPER_TABLE_I[env]
+        rows = []
+        for method in ("Fed-DQN", "FedPG-BR", "Fed-SAC", "MFPO", "FedAvg-PG"):
+            p = paper.get(method)
+            paper_txt = f"{p[0]:.1f} ± {p[1]:.1f}" if p else None
+            missing = getattr(self, "_missing", {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"})
+            if method in missing:
+                rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, missing[method], None, "federated SB3 baseline (issue 7)"))
+                continue
+            mean, std = _mean_std(_final(records, part="comparison", method=method))
+            note = "final evaluation return (mean over seeds)"
+            if method in ("Fed-DQN", "Fed-SAC"):
+                note += "; issue 7's protocol: deterministic evaluation episodes"
+            rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, mean, std, note))
+        if env == "cartpole":
+            reached = _first_reaching(records, 475.0, part="comparison", method="MFPO")
+            rows.append(TableRow("MFPO: env steps per agent to a seed-mean return ≥ 475 (target ≤ 1e6)", "≤ 1e6 (target)",
+                                 reached if reached is not None else "not reached", None,
+                                 "quick run: not meaningful" if quick else "first evaluation at or above 475"))
+        for part, key, values in (("agents_sweep", "n_agents", self.agent_counts), ("local_steps_sweep", "local_steps", self.local_step_counts)):
+            for v in values:
+                mean, std = _mean_std(_final(records, part=part, **{key: v}))
+                if mean is not None:
+                    fig = "fig. 5" if part == "agents_sweep" else "fig. 6"
+                    rows.append(TableRow(f"MFPO, {key} = {v} ({fig})", None, mean, std, "final evaluation return"))
+        return rows
+
+    def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        paths = []
+        comp = [r for r in output.records if r["part"] == "comparison"]
+        env = output.settings.get("env", "cartpole")
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for ax, key, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
+            _plot_curves(ax, comp, key, "method", str)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("evaluation return")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"heterogeneous {env}: 10 agents, K = 10, D = 20 (mean ± std over seeds)")
+        fig.tight_layout()
+        paths.append(out_dir / f"mfpo_{env}_comparison.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+        for part, key, title, name in (("agents_sweep", "n_agents", "number of agents N (fig. 5)", "agents"),
+                                        ("local_steps_sweep", "local_steps", "local steps K (fig. 6)", "local_steps")):
+            rows = [r for r in output.records if r["part"] == part]
+            if not rows:
+                continue
+            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+            for ax, xkey, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
+                _plot_curves(ax, rows, xkey, key, lambda v, k=key: f"{'N' if k == 'n_agents' else 'K'} = {v}")
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel("evaluation return")
+                ax.grid(alpha=0.3)
+            axes[0].legend(fontsize=8)
+            fig.suptitle(f"MFPO on heterogeneous {env}: {title}")
+            fig.tight_layout()
+            paths.append(out_dir / f"mfpo_{env}_{name}.png")
+            fig.savefig(paths[-1], dpi=120)
+            plt.close(fig)
+        return paths
+
+
+# ------------------------------------------------------------------------------------------------
+# fedrl reproduce byzantine
+# ------------------------------------------------------------------------------------------------
+class ByzantineExperiment(Experiment):
+    """FedPG-BR and FedAvg-PG with 0 and 3 of 10 Byzantine agents (random noise, sign flipping)."""
+
+    name = "byzantine"
+    description = "FedPG-BR vs FedAvg-PG with 0 or 3 of 10 Byzantine agents (random noise, sign flipping) on CartPole"
+    paper_reference = "FedPG-BR (Fan et al., NeurIPS 2021), the fault-tolerant baseline of the MFPO paper"
+    attacks = ("none", "random_noise", "sign_flip")
+    byzantine_agents = (0, 1, 2)
+
+    def __init__(self) -> None:
+        self.options: dict[str, Any] = {"env": "cartpole", "budget": 1e6}
+
+    def configure(self, **options: Any) -> ByzantineExperiment:
+        """Set options (``env``, ``budget``); returns ``self``."""
+        unknown = set(options) - set(self.options)
+        if unknown:
+            raise ValueError(f"unknown option(s) {sorted(unknown)}; the options are {sorted(self.options)}")
+        if "env" in options and options["env"] not in ENVS:
+            raise ValueError(f"env must be one of {sorted(ENVS)}, got {options['env']!r}")
+        self.options.update(options)
+        return self
+
+    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
+        import time
+
+        opts = dict(self.options)
+        if quick:
+            cfg = MethodConfig(local_steps=2, n_trajectories=4, batch_range=(4, 5), inner_batch_size=2, eval_trajectories=2, eval_every=1)
+            opts.update(budget=0.0, rounds=2)
+        else:
+            cfg = MethodConfig()
+            opts.update(rounds=10**6)
+        env, seed_list = opts["env"], list(range(seeds))
+        records: list[dict[str, Any]] = []
+        filter_stats: dict[str, dict[str, float]] = {}
+        wall: dict[str, float] = {}
+        for method in ("FedPG-BR", "FedAvg-PG"):
+            for attack in self.attacks:
+                byz = () if attack == "none" else self.byzantine_agents
+                pop = Population(env, seed_list, 10, cfg, device)
+                bar = _bar(progress, f"byzantine: {method} / {attack}")
+                start = time.perf_counter()
+                if method == "FedPG-BR":
+                    points, stats = train_fedpg_br(pop, opts["budget"], None if attack == "none" else attack, byz,
+                                                   max_rounds=opts["rounds"], bar=bar)
+                    filter_stats[attack] = stats
+                else:
+                    points = train_fedavg(pop, opts["budget"], None if attack == "none" else attack, byz, max_rounds=opts["rounds"], bar=bar)
+                wall[f"{method} / {attack}"] = time.perf_counter() - start
+                if bar is not None:
+                    bar.close()
+                records += _records(points, seed_list, experiment=self.name, part="byzantine", env=env, method=method, attack=attack,
+                                    n_byzantine=len(byz), n_agents=10)
+        table = []
+        for method in ("FedPG-BR", "FedAvg-PG"):
+            clean, _ = _mean_std(_final(records, method=method, attack="none"))
+            for attack in self.attacks:
+                mean, std = _mean_std(_final(records, method=method, attack=attack))
+                ratio = mean / clean if (clean not in (None, 0.0) and mean is not None) else None
+                note = "no Byzantine agent" if attack == "none" else f"3 of 10 Byzantine; final / attack-free = {ratio:.2f}" if ratio is not None else ""
+                if method == "FedPG-BR" and attack != "none" and attack in filter_stats:
+                    s = filter_stats[attack]
+                    note += f"; filter kept {100 * s['byzantine_kept_fraction']:.0f}% of Byzantine and {100 * s['honest_kept_fraction']:.0f}% of honest reports"
+                target = None
+                if attack != "none":
+                    target = "≥ 90% of attack-free" if method == "FedPG-BR" else "degrades"
+                table.append(TableRow(f"{method}, attack = {attack}", target, mean, std, note))
+        notes = [
+            "Returns are undiscounted evaluation returns of the server policy, averaged over the 10 heterogeneous agents' tasks.",
+            "Byzantine agents are agents 0, 1, 2. Random noise: g + U(-1, 1)·3·(max g - min g) per coordinate; "
+            "sign flipping: -2.5·g. FedAvg-PG's attackers corrupt every local direction.",
+            "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
+        ]
+        settings = {**opts, "methods": cfg.describe(), "byzantine_agents": list(self.byzantine_agents), "gamma": GAMMA,
+                    "filter": {"sigma": "auto", "delta": 0.6, "max_byzantine_fraction": 0.4}, "wall_time_per_run_s": wall}
+        return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
+
+    def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+        for ax, method in zip(axes, ("FedPG-BR", "FedAvg-PG")):
+            rows = [r for r in output.records if r["method"] == method]
+            _plot_curves(ax, rows, "step", "attack", lambda a: "no attack" if a == "none" else f"3 Byzantine: {a}")
+            ax.set_title(method)
+            ax.set_xlabel("environment steps per agent")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("evaluation return")
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "byzantine.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return [path]
+
+
+register(MFPOComparison())
+register(ByzantineExperiment())
