@@ -45,6 +45,7 @@ from fedrl_envs.rng import RandomStreams
 
 __all__ = [
     "CHUNK_SAMPLES",
+    "PG_CHUNK_SAMPLES",
     "FastMlpPolicy",
     "is_softmax_mlp",
     "mlp_hvp",
@@ -53,9 +54,11 @@ __all__ = [
     "mlp_sample",
 ]
 
-#: samples (trajectories × time steps × batch rows) processed at once: keeps each ``[rows, 32,
-#: samples]`` intermediate around a megabyte (cache-sized) in float32
+#: samples (trajectories × time steps × batch rows) the Hessian-vector product processes at once:
+#: keeps each ``[rows, 32, samples]`` intermediate around a megabyte (cache-sized) in float32
 CHUNK_SAMPLES = 8192
+#: the same for the policy gradient, whose tiles are cheaper (measured fastest on 2 CPU cores)
+PG_CHUNK_SAMPLES = 2048
 
 
 def is_softmax_mlp(policy: Any) -> bool:
@@ -267,7 +270,7 @@ def mlp_policy_gradient(
     w1, b1, w2, b2 = _unpack(policy, th)
     w2t = w2.transpose(-1, -2)
     total = torch.zeros_like(th)
-    for r0, nr, t0, nt in _blocks(rows, m, steps, chunk_samples):
+    for r0, nr, t0, nt in _blocks(rows, m, steps, chunk_samples or PG_CHUNK_SAMPLES):
         n = nt * steps
         xt = _tile(obs, r0, nr, t0, nt).reshape(nr, n, -1).to(th.dtype).transpose(-1, -2)
         act = _tile(actions, r0, nr, t0, nt).reshape(nr, n)
