@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     envs = sub.add_parser("envs", help="list every registered task family with its tasks")
     envs.add_argument("--all", action="store_true", help="list every held-out task")
     envs.set_defaults(func=_cmd_envs)
+    import fedrl_algos.reproduce.cli  # noqa: F401  (appends ``fedrl reproduce`` to _EXTRA_COMMANDS)
+
     for register in _EXTRA_COMMANDS:
         register(sub)
     return parser

@@ -19,6 +19,7 @@ import torch
 from torch.func import jvp
 
 from fedrl_algos.core.rollout import Trajectories
+from fedrl_algos.core.tabular import probs_table
 
 __all__ = [
     "discounted_rewards_to_go",
@@ -106,44 +107,63 @@ def autograd_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tenso
     return hv / traj.n_trajectories
 
 
-def _tabular_pieces(policy, theta: torch.Tensor, traj: Trajectories):
+def _tabular_index(policy, theta: torch.Tensor, traj: Trajectories) -> tuple[torch.Size, int, torch.Tensor, torch.Tensor]:
+    """``(batch, rows, pos, key)``: every sample's state row ``pos = row·S + s_h`` and cell ``key = pos·A + a_h``.
+
+    They index the flattened ``[rows·S]`` and ``[rows·S·A]`` tables, so the closed forms below are
+    1-D gathers and ``index_add_`` sums over samples plus a few ``[rows, S, A]`` table operations.
+    """
     batch = theta.shape[:-1]
-    probs = torch.softmax(policy.logits(theta, traj.obs), dim=-1)  # [*B, m, T, A]
-    onehot = torch.nn.functional.one_hot(traj.actions.long(), policy.n_actions).to(theta.dtype)
-    return batch, probs, onehot
-
-
-def _scatter_rows(policy, batch: torch.Size, obs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Sum per-(traj, time) row contributions ``[*B, m, T, A]`` into ``[*B, S*A]`` by state."""
-    n_actions = policy.n_actions
-    idx = obs.long().reshape(*batch, -1, 1).expand(*batch, -1, n_actions)
-    out = torch.zeros(*batch, policy.n_states, n_actions, dtype=weights.dtype, device=weights.device)
-    out.scatter_add_(-2, idx, weights.reshape(*batch, -1, n_actions))
-    return out.reshape(*batch, policy.n_states * n_actions)
+    n_rows = batch.numel()
+    offsets = torch.arange(n_rows, device=theta.device).unsqueeze(-1) * policy.n_states
+    pos = (traj.obs.long().reshape(n_rows, -1) + offsets).reshape(-1)
+    key = torch.add(traj.actions.long().reshape(-1), pos, alpha=policy.n_actions)
+    return batch, n_rows, pos, key
 
 
 def tabular_policy_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: float) -> torch.Tensor:
-    """Closed form of :func:`policy_gradient` for the tabular softmax: ``∇log π(a|s) = e_{s,a} − π(·|s)``."""
-    batch, probs, onehot = _tabular_pieces(policy, theta, traj)
+    """Closed form of :func:`policy_gradient` for the tabular softmax: ``∇log π(a|s) = e_{s,a} − π(·|s)``.
+
+    With ``W[s, a] = Σ_{(ξ,h): s_h=s, a_h=a} R^h`` (one ``index_add_`` over the samples) and
+    ``W_s = Σ_a W[s, a]``, the sum ``Σ_{ξ,h} R^h (e_{s_h,a_h} − π(·|s_h))`` is ``W − W_s π(·|s)``:
+    the same estimate as summing the per-sample terms, in O(samples + S·A) work.
+    """
+    batch, n_rows, _, key = _tabular_index(policy, theta, traj)
+    s, a = policy.n_states, policy.n_actions
     reward_to_go = discounted_rewards_to_go(traj.rewards, gamma) * traj.mask
-    weights = reward_to_go.unsqueeze(-1) * (onehot - probs)
-    return _scatter_rows(policy, batch, traj.obs, weights) / traj.n_trajectories
+    w = torch.zeros(n_rows * s * a, dtype=reward_to_go.dtype, device=theta.device)
+    w = w.index_add_(0, key, reward_to_go.reshape(-1)).view(n_rows, s, a)
+    # softmax(θ[s, :]) per state, shared with the rollout that drew the batch (core.tabular)
+    probs = probs_table(policy, theta).reshape(n_rows, s, a)
+    grad = w - w.sum(-1, keepdim=True) * probs
+    return grad.reshape(*batch, s * a) / traj.n_trajectories
 
 
 def tabular_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float) -> torch.Tensor:
     """Closed form of :func:`autograd_hvp` for the tabular softmax.
 
     With ``π_s = π(·|s)``: ``∇log π(a|s)ᵀv = v[s,a] − π_s·v_s`` and
-    ``∇²log π(a|s) v = −(π_s ⊙ v_s − π_s (π_s·v_s))`` on row ``s`` (independent of ``a``).
+    ``∇²log π(a|s) v = −(π_s ⊙ v_s − π_s (π_s·v_s))`` on row ``s`` (independent of ``a``). With
+    ``c_ξ = Σ_h (v[s_h,a_h] − π_{s_h}·v_{s_h})`` the per-sample weight ``R^h c_ξ`` multiplies the score
+    ``e_{s,a} − π_s`` and ``R^h`` multiplies the second term, so, as in :func:`tabular_policy_gradient`,
+    both sums over samples reduce to per-(s, a) sums: with ``U[s, a] = Σ R^h c_ξ`` and
+    ``W[s, a] = Σ R^h`` over the samples in cell (s, a), the estimate is
+    ``U − U_s π_s − W_s π_s ⊙ (v_s − π_s·v_s)``.
     """
-    batch, probs, onehot = _tabular_pieces(policy, theta, traj)
+    batch, n_rows, pos, key = _tabular_index(policy, theta, traj)
+    s, a = policy.n_states, policy.n_actions
     reward_to_go = discounted_rewards_to_go(traj.rewards, gamma) * traj.mask
-    v_rows = policy.logits(v.to(theta.dtype), traj.obs)  # v[s_h, :] for every (ξ, h)
-    pv = (probs * v_rows).sum(-1, keepdim=True)
-    score_dot_v = ((onehot * v_rows).sum(-1, keepdim=True) - pv).squeeze(-1) * traj.mask
-    c = score_dot_v.sum(-1, keepdim=True)  # ∇log q(ξ)ᵀv, [*B, m, 1]
-    weights = reward_to_go.unsqueeze(-1) * (c.unsqueeze(-1) * (onehot - probs) - probs * (v_rows - pv))
-    return _scatter_rows(policy, batch, traj.obs, weights) / traj.n_trajectories
+    probs = probs_table(policy, theta).reshape(n_rows, s, a)
+    v_tab = v.to(theta.dtype).expand_as(theta).reshape(n_rows, s, a)
+    pv = (probs * v_tab).sum(-1, keepdim=True)  # π_s·v_s, [rows, S, 1]
+    score_dot_v = v_tab.reshape(-1).index_select(0, key) - pv.reshape(-1).index_select(0, pos)
+    c = (score_dot_v.view(traj.mask.shape) * traj.mask).sum(-1, keepdim=True)  # ∇log q(ξ)ᵀv, [*B, m, 1]
+    both = torch.stack([reward_to_go * c, reward_to_go]).reshape(2, -1)  # per-sample weights U, W
+    cells = torch.zeros(2, n_rows * s * a, dtype=both.dtype, device=theta.device)
+    cells = cells.index_add_(1, key, both).view(2, n_rows, s, a)
+    u, w = cells[0], cells[1]
+    hv = u - u.sum(-1, keepdim=True) * probs - w.sum(-1, keepdim=True) * probs * (v_tab - pv)
+    return hv.reshape(*batch, s * a) / traj.n_trajectories
 
 
 def hessian_vector_product(

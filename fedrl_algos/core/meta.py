@@ -8,6 +8,10 @@ trajectories through the sampler. The three directions of Algorithm 1 of the Per
 * :class:`FirstOrderMetaGradient` — ``ĝ_out`` (the Hessian-free variant, section 5);
 * :class:`PolicyGradient` — one REINFORCE estimate from m trajectories at θ (FedAvg-PG uses
   ``m = m_in + m_h + m_out``; independent PG uses its own batch).
+
+The meta-gradients' ``α`` is a non-negative number or a tensor broadcastable to θ (e.g. ``[R, 1, 1]``
+for one step size per run of ``θ [R, n, d]``), so an α sweep is one batched program; a run's result
+does not depend on whether its α came as a number or as its row of a tensor.
 """
 
 from __future__ import annotations
@@ -47,6 +51,22 @@ def _check_step(name: str, value: float) -> float:
     if not value >= 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return float(value)
+
+
+def _check_step_or_tensor(name: str, value: float | torch.Tensor) -> float | torch.Tensor:
+    """A non-negative number (as ``float``) or a floating tensor of finite non-negative values."""
+    if not isinstance(value, torch.Tensor):
+        return _check_step(name, value)
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+        raise ValueError(f"{name} must be finite and >= 0")
+    return value.detach()
+
+
+def _scale(alpha: float | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``α x`` in x's dtype: a tensor α broadcasts against x (cast to x's dtype, as a number is)."""
+    return alpha.to(x.dtype) * x if isinstance(alpha, torch.Tensor) else alpha * x
 
 
 class GradientEstimator(ABC):
@@ -90,16 +110,16 @@ class PolicyGradient(GradientEstimator):
 
 
 class _MetaBase(GradientEstimator):
-    def __init__(self, policy, gamma: float, alpha: float, m_in: int, m_out: int) -> None:
+    def __init__(self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int) -> None:
         super().__init__(policy, gamma)
-        self.alpha = _check_step("alpha", alpha)
+        self.alpha = _check_step_or_tensor("alpha", alpha)
         self.m_in = _check_batch("m_in", m_in)
         self.m_out = _check_batch("m_out", m_out)
 
     def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
         g_in = policy_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma)
-        return theta + self.alpha * g_in
+        return theta + _scale(self.alpha, g_in)
 
     def outer_gradient(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         adapted = self.adapted(sampler, theta)
@@ -128,7 +148,9 @@ class ExactMetaGradient(_MetaBase):
 
     name = "exact"
 
-    def __init__(self, policy, gamma: float, alpha: float, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100) -> None:
+    def __init__(
+        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100
+    ) -> None:
         super().__init__(policy, gamma, alpha, m_in, m_out)
         self.m_h = _check_batch("m_h", m_h)
         self.hvp_chunk = _check_batch("hvp_chunk", hvp_chunk)
@@ -139,13 +161,14 @@ class ExactMetaGradient(_MetaBase):
 
     def __call__(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         g_out = self.outer_gradient(sampler, theta)
-        if self.alpha == 0.0:
+        if not isinstance(self.alpha, torch.Tensor) and self.alpha == 0.0:
             # The curvature term is multiplied by α: skip the Hessian batch's work, not its draws,
-            # so the random streams advance exactly as for α > 0.
+            # so the random streams advance exactly as for α > 0. (A tensor α computes the term for
+            # every row; rows with α = 0 get g_out + 0·Ĥg_out, the same values.)
             sampler(theta, self.m_h)
             return g_out
         curvature = self.curvature(sampler, theta, g_out)
-        return g_out + self.alpha * curvature
+        return g_out + _scale(self.alpha, curvature)
 
     def curvature(self, sampler: SamplerFn, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``Ĥ v`` from a fresh batch of ``m_h`` trajectories at θ."""

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedrl_algos.core.tabular import fast_rollout_model, tabular_rollout
 from fedrl_envs.core import TaskFamily, repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -75,9 +76,12 @@ def rollout(
     n_rows = 1
     for b in batch:
         n_rows *= b
-    rows = repeat_params(params, m)
     if horizon is None:
         horizon = family.horizon(params)
+    fast = fast_rollout_model(family, params, policy)
+    if fast is not None and fast.n_rows == n_rows and not (stop_when_done and fast.any_terminal):
+        return tabular_rollout(family, params, policy, theta, streams, m, horizon, fast)  # same result, bitwise
+    rows = repeat_params(params, m)
     noise = streams.uniform((m, family.reset_noise_dim))
     state = family.reset(rows, noise.reshape(n_rows * m, -1))
     obs_list, act_list, rew_list, alive_list = [], [], [], []

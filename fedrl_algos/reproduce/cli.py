@@ -1,0 +1,87 @@
+"""``fedrl reproduce <experiment>|all``: rerun the papers' experiments from the command line.
+
+Importing this module appends :func:`register` to :data:`fedrl_algos.cli._EXTRA_COMMANDS` (the
+``fedrl`` parser imports it while it builds itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["register", "cmd_reproduce", "DEFAULT_SEEDS", "QUICK_SEEDS"]
+
+#: seeds of a full run (the paper's 10) and of a ``--quick`` run
+DEFAULT_SEEDS = 10
+QUICK_SEEDS = 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Run one experiment or all of them; print where the results went."""
+    from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("fedrl reproduce: --device cuda was requested but CUDA is not available", file=sys.stderr)
+            return 2
+    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
+    out = Path(args.out)
+    progress = not args.no_progress
+    start = time.perf_counter()
+    for name in names:
+        payload = run_experiment(EXPERIMENTS[name], out, seeds=seeds, quick=args.quick, device=args.device, progress=progress)
+        print(f"{name}: {payload['wall_time_s']:.1f} s, {len(payload['records'])} records -> {out / name}/ (results.json, report.md, figures)")
+    if len(names) > 1:
+        print(f"all {len(names)} experiments: {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``fedrl reproduce`` to the ``fedrl`` parser."""
+    from fedrl_algos.reproduce import EXPERIMENTS
+
+    lines = [f"  {name:16s} {exp.description}" for name, exp in EXPERIMENTS.items()]
+    parser = subparsers.add_parser(
+        "reproduce",
+        help="rerun an experiment of the Per-FedAvg-PG paper (results.json, PNG figures, report.md)",
+        description="Rerun an experiment of the Per-FedAvg-PG paper with its configuration, batched over seeds. "
+        "Writes results.json (flat records), PNG figures and report.md (this run next to the paper's numbers) "
+        "under OUT/<experiment>/.",
+        epilog="experiments:\n" + "\n".join(lines) + "\n  all              every experiment above, in this order",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"], metavar="EXPERIMENT", help="an experiment name or 'all'")
+    parser.add_argument(
+        "--seeds", type=_positive_int, default=None, metavar="N",
+        help=f"number of seeds 0..N-1 (default {DEFAULT_SEEDS}, or {QUICK_SEEDS} with --quick)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke version (few seeds, few rounds)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--out", default="fedrl_out", metavar="DIR", help="output directory (default fedrl_out)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=cmd_reproduce)
+
+
+def _append_to_fedrl_cli() -> None:
+    from fedrl_algos import cli
+
+    if register not in cli._EXTRA_COMMANDS:
+        cli._EXTRA_COMMANDS.append(register)
+
+
+_append_to_fedrl_cli()
