@@ -131,8 +131,12 @@ def run_demo(
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    run_demo(rounds=args.rounds, seed=args.seed, device=args.device, out=args.out,
-             adapt_trajectories=args.adapt_trajectories, progress_bar=not args.no_progress)
+    from fedrl_algos.reproduce.neural import cpu_threads
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    with cpu_threads(device):  # small ops: one intra-op thread on CPU (see neural.CPU_THREADS)
+        run_demo(rounds=args.rounds, seed=args.seed, device=device, out=args.out,
+                 adapt_trajectories=args.adapt_trajectories, progress_bar=not args.no_progress)
     return 0
 
 

@@ -24,8 +24,9 @@ positions s_0..s_H enter the goal region (``family.in_goal``) at some step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ __all__ = [
     "episode_success",
     "evaluate_rows",
     "FRESH_INIT_OFFSET",
+    "CPU_THREADS",
+    "cpu_threads",
 ]
 
 GAMMA = 0.9
@@ -131,6 +134,26 @@ def _row_params(tasks: Sequence[Any], n_rows_before: int) -> Any:
     stacked = stack_params(list(tasks))
     index = torch.arange(len(tasks)).repeat(n_rows_before)
     return index_params(stacked, index)
+
+
+#: intra-op threads of the neural programs on CPU. One thread: their ops are small to medium and
+#: serial in time; on the shared 2-core machine two OpenMP threads made a round of the curvature
+#: sweep 10× slower (spin-waiting), and a fixed thread count keeps reductions, hence runs, identical.
+CPU_THREADS = 1
+
+
+@contextlib.contextmanager
+def cpu_threads(device: str | torch.device, n: int | None = CPU_THREADS) -> Iterator[None]:
+    """Run with ``n`` intra-op threads when ``device`` is a CPU, restoring the setting afterwards."""
+    before = torch.get_num_threads()
+    change = n is not None and torch.device(device).type == "cpu" and n != before
+    if change:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if change:
+            torch.set_num_threads(before)
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -278,6 +301,10 @@ class CurvatureExperiment(Experiment):
                     adapt_trajectories=256, eval_trajectories=512, eval_every=25)
 
     def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
+        with cpu_threads(device):
+            return self._run(seeds, quick, device, progress)
+
+    def _run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
         cfg = self.config(quick)
         n_seeds = int(seeds)
         policy = arc_policy(device)
@@ -331,7 +358,8 @@ class CurvatureExperiment(Experiment):
             f"seeds at or above {TRAINED_THRESHOLD} and lists every seed's value (sorted).",
             "Settings are batched; the exact variant's Hessian batch is rolled out per m_h setting (counts differ).",
         ]
-        settings_out = {**cfg, "seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6}
+        settings_out = {**cfg, "seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6,
+                        "cpu_threads": CPU_THREADS}
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
@@ -456,12 +484,17 @@ class FewShotExperiment(Experiment):
                     scratch_steps=[1, 5, 25, 100, 200], scratch_batch=20, scratch_beta=0.2, eval_trajectories=1000)
 
     def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
+        with cpu_threads(device):
+            return self._run(seeds, quick, device, progress)
+
+    def _run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
         cfg = self.config(quick)
         n_seeds = int(seeds)
         result = few_shot(cfg, n_seeds, device, progress)
         return ExperimentOutput(
             records=result["records"], table=self._table(result["records"], cfg), notes=result["notes"],
-            settings={**cfg, "seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "heldout_goals": 3},
+            settings={**cfg, "seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "heldout_goals": 3,
+                      "cpu_threads": CPU_THREADS},
         )
 
     @staticmethod
@@ -652,6 +685,10 @@ class RolloutsExperiment(Experiment):
                     eval_trajectories=1000)
 
     def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
+        with cpu_threads(device):
+            return self._run(seeds, quick, device, progress)
+
+    def _run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
         cfg = self.config(quick)
         n_seeds = int(seeds)
         family = ARC_NAVIGATION
@@ -707,7 +744,8 @@ class RolloutsExperiment(Experiment):
             f"Table: all seeds, {cfg['eval_trajectories']} evaluation rollouts per (seed, goal).",
         ]
         return ExperimentOutput(records=records, table=table, notes=notes,
-                                settings={**cfg, "seeds": n_seeds, "gamma": GAMMA, "drawn_seed": 0})
+                                settings={**cfg, "seeds": n_seeds, "gamma": GAMMA, "drawn_seed": 0,
+                                          "cpu_threads": CPU_THREADS})
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         drawn = [r for r in output.records if "drawn" in r]
