@@ -21,10 +21,10 @@ from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
 from stable_baselines3.common.type_aliases import MaybeCallback
 
 import fedrl_envs
-from fedrl_algos.core.federation import Federation, adapt_parameters, seed_from_entropy
+from fedrl_algos.core.federation import Federation, adapt_parameters, combine_seed, seed_from_entropy
 from fedrl_algos.core.meta import GradientEstimator
 from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
-from fedrl_envs.core import FamilyVectorEnv, TaskFamily, index_params, params_to, stack_params
+from fedrl_envs.core import FamilyVectorEnv, TaskFamily, check_device, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["FederatedAlgorithm", "FederatedProgressBar", "resolve_federation_env"]
@@ -33,6 +33,7 @@ SelfFederatedAlgorithm = TypeVar("SelfFederatedAlgorithm", bound="FederatedAlgor
 
 # Stream index of adaptation calls (kept apart from training and evaluation streams).
 _ADAPT_STREAM = 1 << 42
+_PREDICT_STREAM = 1 << 43
 
 
 class FederatedProgressBar(ProgressBarCallback):
@@ -117,8 +118,15 @@ class FederatedAlgorithm(BaseAlgorithm):
         verbose: int = 0,
         _init_setup_model: bool = True,
     ) -> None:
-        if isinstance(policy, str) and policy not in self.policy_aliases:
-            raise ValueError(f"policy must be one of {sorted(self.policy_aliases)} or a FlatPolicy class, got {policy!r}")
+        if isinstance(policy, str):
+            if policy not in self.policy_aliases:
+                raise ValueError(f"policy must be one of {sorted(self.policy_aliases)} or a FlatPolicy class, got {policy!r}")
+        elif not (isinstance(policy, type) and issubclass(policy, FlatPolicy)):
+            raise TypeError(f"policy must be a policy name or a FlatPolicy subclass, got {policy!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if env is not None:
+            device = check_device(device) if device != "auto" else device
         super().__init__(
             policy=policy,
             env=None,
@@ -137,7 +145,7 @@ class FederatedAlgorithm(BaseAlgorithm):
         self.beta = _check_non_negative("beta", beta)
         self.tau = _check_positive_int("tau", tau)
         self.alpha = _check_non_negative("alpha", alpha)
-        if not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
+        if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
             raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
         self.gamma = float(gamma)
         self.eval_trajectories = _check_positive_int("eval_trajectories", eval_trajectories, 0)
@@ -174,7 +182,12 @@ class FederatedAlgorithm(BaseAlgorithm):
         self.n_envs = self.n_agents
 
     def _setup_model(self) -> None:
-        self.policy = self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs).to(self.device)
+        try:
+            policy = self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs)
+        except TypeError as err:
+            raise ValueError(f"policy_kwargs {self.policy_kwargs} do not fit {self.policy_class.__name__}: {err}") from err
+        self.policy = policy.to(self.device)
+        self.policy.seed_predictions(combine_seed(self.seed, _PREDICT_STREAM))
         self.federation = Federation(
             self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma
         )
@@ -337,10 +350,12 @@ class FederatedAlgorithm(BaseAlgorithm):
             return index_params(self.agent_params, int(task))
         if isinstance(task, dict):
             return self.family.make_params(**task)
+        if isinstance(task, tuple):
+            return self.family.make_params(goal=task)
         if type(task).__name__ == type(index_params(self.agent_params, 0)).__name__:
             return task
         raise TypeError(
-            "task must be a training-agent index, a dict of gym.make keyword arguments, or task parameters "
+            "task must be a training-agent index, a goal tuple, a dict of gym.make keyword arguments, or task parameters "
             f"of {self.env_id}; got {type(task).__name__}"
         )
 
@@ -354,7 +369,7 @@ class FederatedAlgorithm(BaseAlgorithm):
     ) -> FlatPolicy | list[FlatPolicy]:
         """Personalize the shared initialization to a task with policy-gradient steps.
 
-        :param task: a training-agent index, a dict of ``gym.make`` kwargs (e.g. a held-out goal),
+        :param task: a training-agent index, a goal tuple, a dict of ``gym.make`` kwargs,
             task parameters (e.g. ``fedrl_envs.ARC_NAVIGATION.heldout_tasks[0]``), or a list of
             these (adapted together in one batched call)
         :param n_trajectories: trajectories per adaptation step (0 returns the initialization)
@@ -365,9 +380,7 @@ class FederatedAlgorithm(BaseAlgorithm):
         :return: a copy of the policy (with ``predict``) holding the personalized ``theta``; a list
             for a list of tasks
         """
-        many = isinstance(task, list | tuple) and not (
-            len(task) == 2 and all(isinstance(v, float) for v in task)
-        )
+        many = isinstance(task, list)
         tasks = [self._resolve_tasks(t) for t in (task if many else [task])]
         n_trajectories = _check_positive_int("n_trajectories", n_trajectories, 0)
         steps = _check_positive_int("steps", steps, 0)
@@ -377,7 +390,7 @@ class FederatedAlgorithm(BaseAlgorithm):
         if n_trajectories > 0 and steps > 0:
             counter = getattr(self, "_adapt_calls", 0)
             self._adapt_calls = counter + 1
-            key_seed = seed if seed is not None else self.seed * 1_000_003 + counter
+            key_seed = seed if seed is not None else combine_seed(self.seed, _ADAPT_STREAM + counter)
             streams = RandomStreams(derive_keys(key_seed, torch.arange(len(tasks)) + _ADAPT_STREAM), self.device)
             theta, _ = adapt_parameters(
                 self.family, params, self.policy, theta, streams, n_trajectories, steps, step_size, self.gamma

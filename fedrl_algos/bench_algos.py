@@ -37,16 +37,16 @@ class AlgoBenchResult:
         return self.looped_s / self.batched_s
 
 
-def _configs(dtype: torch.dtype) -> dict[str, dict[str, Any]]:
+def _configs(dtype: torch.dtype, tau: int) -> dict[str, dict[str, Any]]:
     grid_task = GRIDWORLD.train_tasks[0]
     arc_task = ARC_NAVIGATION.train_tasks[0]
     tabular = TabularPolicy(GRIDWORLD.observation_space(grid_task), GRIDWORLD.action_space(grid_task), dtype=dtype)
     mlp = MlpPolicy(ARC_NAVIGATION.observation_space(arc_task), ARC_NAVIGATION.action_space(arc_task), dtype=dtype)
     return {
-        "tabular (gridworld, 8 agents, exact, tau=5, m=10/10/10)": dict(
+        f"tabular (gridworld, 8 agents, exact, tau={tau}, m=10/10/10)": dict(
             family=GRIDWORLD, tasks=GRIDWORLD.train_tasks, policy=tabular, alpha=2.0, beta=0.3
         ),
-        "neural (arc navigation, 6 agents, exact, tau=5, m=10/10/10)": dict(
+        f"neural (arc navigation, 6 agents, exact, tau={tau}, m=10/10/10)": dict(
             family=ARC_NAVIGATION, tasks=ARC_NAVIGATION.train_tasks, policy=mlp, alpha=1.0, beta=0.2
         ),
     }
@@ -83,7 +83,7 @@ def bench_algos(runs: int = 10, tau: int = 5, repeats: int = 3, dtype: torch.dty
     if quick:
         runs, tau, repeats = 2, 1, 1
     results = []
-    for name, cfg in _configs(dtype).items():
+    for name, cfg in _configs(dtype, tau).items():
         policy = cfg["policy"]
         estimator = ExactMetaGradient(policy, 0.9, cfg["alpha"], 10, 10, 10)
         seeds = torch.arange(runs)
@@ -122,6 +122,15 @@ def _cmd_bench_algos(args: Any) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    import argparse
+
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_algos_target(targets: Any) -> None:
     """Add ``fedrl bench algos`` (see :func:`fedrl_algos.bench.register`)."""
     p = targets.add_parser(
@@ -130,10 +139,10 @@ def add_algos_target(targets: Any) -> None:
         description="Wall time of one Per-FedAvg-PG round (exact variant) of the tabular and the neural paper "
         "configuration, R runs batched vs looped one agent and one run at a time, and the speed-up.",
     )
-    p.add_argument("--runs", type=int, default=10, help="independent runs (default 10)")
-    p.add_argument("--tau", type=int, default=5, help="local steps per round (default 5)")
-    p.add_argument("--repeats", type=int, default=3, help="timings per side; the median is shown (default 3)")
+    p.add_argument("--runs", type=_positive_int, default=10, help="independent runs (default 10)")
+    p.add_argument("--tau", type=_positive_int, default=5, help="local steps per round (default 5)")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="timings per side; the median is shown (default 3)")
     p.add_argument("--float64", action="store_true", help="float64 parameters (default float32)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     p.set_defaults(func=_cmd_bench_algos)

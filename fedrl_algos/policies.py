@@ -73,13 +73,27 @@ class FlatPolicy(BasePolicy):
         raise NotImplementedError
 
     # --- SB3 interface -------------------------------------------------------------------------
+    def seed_predictions(self, seed: int) -> None:
+        """Key the random stream of stochastic :meth:`predict` calls (algorithms derive it from their seed)."""
+        self._predict_streams = RandomStreams(derive_keys(int(seed), torch.arange(1)), self.theta.device)
+
+    def _check_observation(self, obs: torch.Tensor) -> None:
+        space = self.observation_space
+        if isinstance(space, spaces.Discrete):
+            if obs.is_floating_point() and not bool((obs == obs.round()).all()):
+                raise ValueError(f"observation must hold integer states of {space}, got non-integer values")
+            if obs.numel() and (bool((obs < space.start).any()) or bool((obs >= space.start + space.n).any())):
+                raise ValueError(f"observation must lie in [{space.start}, {space.start + space.n - 1}] ({space})")
+
     def _predict(self, observation: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         theta = self.theta.detach()
         obs = observation.to(self.theta.device)
+        self._check_observation(obs)
         if deterministic:
             return self.mode(theta, obs)
-        if not hasattr(self, "_predict_streams"):
-            self._predict_streams = RandomStreams(derive_keys(np.random.randint(2**62), torch.arange(1)))
+        if getattr(self, "_predict_streams", None) is None:
+            # A policy used on its own (not through an algorithm) draws its key from fresh entropy.
+            self.seed_predictions(int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 2))
         return self.sample(theta, obs.unsqueeze(0), self._predict_streams)[0]
 
     def forward(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -119,7 +133,7 @@ class TabularPolicy(_CategoricalMixin, FlatPolicy):
     :param dtype: parameter dtype
     """
 
-    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32, **_: Any) -> None:
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32) -> None:
         if not isinstance(observation_space, spaces.Discrete) or not isinstance(action_space, spaces.Discrete):
             raise ValueError(
                 f"policy TabularPolicy needs Discrete observation and action spaces, got {observation_space} and {action_space}"
@@ -175,7 +189,6 @@ class MlpPolicy(_CategoricalMixin, FlatPolicy):
         init_seed: int = 0,
         log_std_init: float = 0.0,
         dtype: torch.dtype = torch.float32,
-        **_: Any,
     ) -> None:
         if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
             raise ValueError(f"policy MlpPolicy needs a flat Box observation space, got {observation_space}")

@@ -49,9 +49,20 @@ def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
     except TypeError:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if value < low or (high is not None and value > high):
-        allowed = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {allowed}, got {value}")
+        allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {allowed}, got {value}")
     return int(value)
+
+
+def check_device(device: Any, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device``; ``ValueError`` naming ``name`` for an unknown or absent device."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"{name} must name a torch device such as 'cpu' or 'cuda:0', got {device!r}") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name}={str(dev)!r} but CUDA is not available on this machine")
+    return dev
 
 
 def _tensor_fields(params: Any) -> list[str]:
@@ -356,7 +367,7 @@ class FamilyVectorEnv(VectorEnv):
         if seed is not None:
             seed = check_int("seed", seed, -(2**63))
         self.family = family
-        self.device = torch.device(device)
+        self.device = check_device(device)
         if isinstance(tasks, Sequence):
             agent_params = stack_params(list(tasks))
         elif _is_single_task(family, tasks):
@@ -524,7 +535,17 @@ class FamilyVectorEnv(VectorEnv):
         render_mode: str | None = None,
         **task_kwargs: Any,
     ) -> FamilyVectorEnv:
-        """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs."""
+        """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs.
+
+        :param family: the task family
+        :param num_envs: number of environments (all on the same task)
+        :param device: torch device of the batch
+        :param seed: seed of the random stream
+        :param autoreset: ``False`` for the fixed-horizon mode
+        :param render_mode: must be ``None`` (the native vector env does not render)
+        :param task_kwargs: the task's ``gym.make`` keyword arguments
+        """
+        num_envs = check_int("num_envs", num_envs, 1)
         if render_mode is not None:
             raise ValueError(
                 f"render_mode must be None for the native vector env (it does not render), got {render_mode!r}; "

@@ -263,3 +263,54 @@ def test_gridworld_learning_order_matches_the_paper():
             theta, _ = fed.round(theta, est, 0.3, 5)
         finals[name] = float(evaluator.meta_objective(theta, 2.0)[0].mean())
     assert finals["exact"] > finals["first_order"] > finals["fedavg"] > 0.5
+
+
+def test_more_bad_inputs_name_their_argument():
+    with pytest.raises(ValueError, match="policy_kwargs"):
+        PerFedAvgPG("MlpPolicy", ARC, policy_kwargs=dict(net_arc=(64,)), device="cpu")
+    with pytest.raises(TypeError, match="policy"):
+        PerFedAvgPG(3, GRID)
+    with pytest.raises(TypeError, match="seed"):
+        PerFedAvgPG("TabularPolicy", GRID, seed="x")
+    with pytest.raises(ValueError, match="device"):
+        PerFedAvgPG("TabularPolicy", GRID, device="gpu")
+    with pytest.raises(ValueError, match="gamma"):
+        PerFedAvgPG("TabularPolicy", GRID, gamma=True)
+    model = _grid_model()
+    for bad in (25, -1, 1.5):
+        with pytest.raises(ValueError, match="observation"):
+            model.predict(np.array([bad]))
+
+
+def test_stochastic_predictions_follow_the_model_seed():
+    obs = np.arange(25).repeat(8)
+    a = _grid_model(seed=4).predict(obs)[0]
+    b = _grid_model(seed=4).predict(obs)[0]
+    c = _grid_model(seed=5).predict(obs)[0]
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_adapt_accepts_a_goal_tuple():
+    model = _grid_model(policy_kwargs=dict(dtype=torch.float64))
+    by_tuple = model.adapt((2, 2), n_trajectories=50, seed=1)
+    by_dict = model.adapt({"goal": (2, 2)}, n_trajectories=50, seed=1)
+    assert torch.equal(by_tuple.theta, by_dict.theta)
+
+
+def test_partial_participation_averages_only_the_sampled_agents():
+    policy = TabularPolicy(GRIDWORLD.observation_space(GRIDWORLD.train_tasks[0]), GRIDWORLD.action_space(GRIDWORLD.train_tasks[0]), dtype=torch.float64)
+    params = stack_params(GRIDWORLD.train_tasks)
+    estimator = FirstOrderMetaGradient(policy, 0.9, 2.0, 10, 10)
+    fed = Federation(GRIDWORLD, params, policy, torch.tensor([2]))
+    theta = torch.zeros(1, 100, dtype=torch.float64)
+    new, mask = fed.round(theta, estimator, 0.3, 2, agents_per_round=3)
+    # Replay the same round by hand: same streams, every agent's local update, mean over the mask.
+    replay = Federation(GRIDWORLD, params, policy, torch.tensor([2]))
+    again = replay.participation(3)
+    assert torch.equal(again, mask) and float(mask.sum()) == 3.0
+    from fedrl_algos.core import local_update
+
+    local = local_update(estimator, replay.sampler, replay.broadcast(theta), 0.3, 2)[0]
+    chosen = mask[0].bool()
+    assert torch.allclose(new[0], local[chosen].mean(0), atol=1e-14)
+    assert not torch.allclose(new[0], local.mean(0))

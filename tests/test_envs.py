@@ -855,10 +855,10 @@ BAD_TASK_KWARGS = [
     (GRID, {"agent": -1}, ValueError, r"agent must be in \[0, 7\], got -1"),
     (GRID, {"agent": True}, TypeError, "agent must be an int"),
     (GRID, {"agent": 1, "goal": (0, 0)}, ValueError, "either agent or goal"),
-    (GRID, {"size": 1}, ValueError, r"size must be in >= 2, got 1"),
+    (GRID, {"size": 1}, ValueError, r"size must be >= 2, got 1"),
     (GRID, {"size": 0}, ValueError, "size must be"),
     (GRID, {"size": 5.0}, TypeError, "size must be an int"),
-    (GRID, {"horizon": 0}, ValueError, r"horizon must be in >= 1, got 0"),
+    (GRID, {"horizon": 0}, ValueError, r"horizon must be >= 1, got 0"),
     (GRID, {"horizon": -3}, ValueError, "horizon must be"),
     (ARC, {"goal": (1.5, 0.0)}, ValueError, r"goal must lie in the box \[-1, 1\]"),
     (ARC, {"goal": (0.0, -1.01)}, ValueError, "goal must lie in the box"),
@@ -868,7 +868,7 @@ BAD_TASK_KWARGS = [
     (ARC, {"agent": -1}, ValueError, r"agent must be in \[0, 5\], got -1"),
     (ARC, {"agent": 2.0}, TypeError, "agent must be an int"),
     (ARC, {"agent": 0, "goal": (0.0, 0.0)}, ValueError, "either agent or goal"),
-    (ARC, {"horizon": 0}, ValueError, r"horizon must be in >= 1"),
+    (ARC, {"horizon": 0}, ValueError, r"horizon must be >= 1"),
     (ARC, {"goal_radius": 0.0}, ValueError, "goal_radius must be a finite number > 0"),
     (ARC, {"step_size": -0.1}, ValueError, "step_size must be a finite number > 0"),
     (ARC, {"step_size": float("inf")}, ValueError, "step_size"),
@@ -936,7 +936,7 @@ def test_invalid_actions_in_vector_env_leave_it_unchanged(actions, error, messag
 
 
 @pytest.mark.parametrize(("make", "error", "message"), [
-    (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=0), ValueError, r"n_envs must be in >= 1, got 0"),
+    (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=0), ValueError, r"n_envs must be >= 1, got 0"),
     (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=2.0), TypeError, "n_envs must be an int"),
     (lambda: FamilyVectorEnv(GRIDWORLD, [], n_envs=1), ValueError, "tasks must be a non-empty"),
     (lambda: FamilyVectorEnv(GRIDWORLD, [GRIDWORLD.make_params(size=4), GRIDWORLD.make_params()]), ValueError, "'size' must be equal"),
@@ -972,7 +972,7 @@ def test_bad_set_state(env_id, state, error, message):
     env = unwrapped(env_id)
     with pytest.raises(error, match=message):
         env.set_state(state)
-    with pytest.raises(ValueError, match="t must be in >= 0"):
+    with pytest.raises(ValueError, match="t must be >= 0"):
         env.set_state(env.observation_space.sample(), t=-1)
 
 

@@ -27,6 +27,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
+from fedrl_envs.core import check_device
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
@@ -75,13 +76,7 @@ def _check_int(name: str, value: Any, low: int) -> int:
 
 
 def _check_device(device: Any) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda:0', got {device!r}") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(dev)!r} but CUDA is not available on this machine")
-    return dev
+    return check_device(device)
 
 
 def _check_seed(seed: Any) -> int | None:

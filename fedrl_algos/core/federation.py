@@ -17,7 +17,7 @@ from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.meta import GradientEstimator, aggregate, local_update
 from fedrl_algos.core.rollout import Sampler, Trajectories, rollout
 from fedrl_envs.core import TaskFamily, index_params
-from fedrl_envs.rng import RandomStreams, derive_keys, mix64
+from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["Federation", "run_keys", "adapt_parameters"]
 
@@ -160,6 +160,5 @@ def seed_from_entropy() -> int:
 
 
 def combine_seed(seed: int, salt: int) -> int:
-    """Deterministic derived seed (e.g. one per repetition of an experiment)."""
-    return int(mix64(torch.tensor(seed * 1_000_003 + salt)).item() & ((1 << 62) - 1))
-
+    """A deterministic non-negative 62-bit seed derived from ``(seed, salt)`` (no overflow for any int64 seed)."""
+    return int(derive_keys(int(seed), int(salt)).item()) & ((1 << 62) - 1)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from fedrl_envs.core import check_device
+
 __all__ = ["run_demo", "register"]
 
 
@@ -66,6 +68,7 @@ def run_demo(
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(check_device(device))
     start = time.perf_counter()
     heldout = ARC_NAVIGATION.heldout_tasks
     n_goals = len(heldout)
@@ -134,6 +137,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from fedrl_algos.reproduce.neural import cpu_threads
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    try:
+        device = str(check_device(device, "--device"))
+    except ValueError as err:
+        raise SystemExit(f"fedrl demo: error: {err}") from None
     with cpu_threads(device):  # small ops: one intra-op thread on CPU (see neural.CPU_THREADS)
         run_demo(rounds=args.rounds, seed=args.seed, device=device, out=args.out,
                  adapt_trajectories=args.adapt_trajectories, progress_bar=not args.no_progress)
