@@ -109,8 +109,8 @@ class FederatedAlgorithm(BaseAlgorithm):
         alpha: float = 0.0,
         gamma: float = 0.9,
         agents_per_round: int | None = None,
-        eval_trajectories: int = 0,
-        eval_adapt_trajectories: int = 256,
+        eval_trajectories: int | None = None,
+        eval_adapt_trajectories: int | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         tensorboard_log: str | None = None,
         seed: int | None = None,
@@ -148,9 +148,15 @@ class FederatedAlgorithm(BaseAlgorithm):
         if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
             raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
         self.gamma = float(gamma)
+        self._bind_env(env)
+        # Families with an exact model log exact F and f; the others get a Monte Carlo estimate
+        # sized to cost about as much as a round of training (raise it for precise numbers).
+        if eval_trajectories is None:
+            eval_trajectories = 0 if hasattr(self.family, "next_state_table") else 32
+        if eval_adapt_trajectories is None:
+            eval_adapt_trajectories = 64
         self.eval_trajectories = _check_positive_int("eval_trajectories", eval_trajectories, 0)
         self.eval_adapt_trajectories = _check_positive_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
-        self._bind_env(env)
         if agents_per_round is not None:
             agents_per_round = _check_positive_int("agents_per_round", agents_per_round)
             if agents_per_round > self.n_agents:
@@ -234,6 +240,8 @@ class FederatedAlgorithm(BaseAlgorithm):
         self.policy.theta.data.copy_(new_theta[0])
 
     def _log_round(self) -> None:
+        if not self.logger.output_formats:
+            return  # nothing would show the metrics: spend no rollouts on them
         self.logger.record("train/round", self.rounds_done)
         self.logger.record("train/trajectories_per_agent", self.trajectories_per_agent)
         for key, value in self.evaluate_round().items():

@@ -45,8 +45,11 @@ class PerFedAvgPG(FederatedAlgorithm):
     :param agents_per_round: agents sampled without replacement each round (default: all)
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product (memory/cache trade-off)
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged pre/post-adaptation
-        returns (0: off; tabular families always log the exact F and f)
+        returns; default ``None``: 0 for families with an exact model (they log the exact F and f)
+        and 32 otherwise (0 turns it off; the paper's evaluation uses 512). Evaluation runs only when
+        the logger has an output (``verbose=1``, a CSV/TensorBoard logger), on separate streams.
     :param eval_adapt_trajectories: trajectories of the logged evaluation adaptation step
+        (default ``None``: 64; the paper's evaluation uses 256)
     :param policy_kwargs: keyword arguments of the policy (e.g. ``dtype``, ``net_arch``, ``init_seed``)
     :param tensorboard_log: TensorBoard log directory
     :param seed: seed of every random stream of the run (drawn at random when ``None``)
@@ -74,8 +77,8 @@ class PerFedAvgPG(FederatedAlgorithm):
         gamma: float = 0.9,
         agents_per_round: int | None = None,
         hvp_chunk: int = 100,
-        eval_trajectories: int = 0,
-        eval_adapt_trajectories: int = 256,
+        eval_trajectories: int | None = None,
+        eval_adapt_trajectories: int | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         tensorboard_log: str | None = None,
         seed: int | None = None,
@@ -140,8 +143,8 @@ class FedAvgPG(FederatedAlgorithm):
         m_out: int = 10,
         gamma: float = 0.9,
         agents_per_round: int | None = None,
-        eval_trajectories: int = 0,
-        eval_adapt_trajectories: int = 256,
+        eval_trajectories: int | None = None,
+        eval_adapt_trajectories: int | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         tensorboard_log: str | None = None,
         seed: int | None = None,
@@ -194,7 +197,7 @@ class IndependentPG(FederatedAlgorithm):
         m: int = 20,
         tau: int = 1,
         gamma: float = 0.9,
-        eval_trajectories: int = 0,
+        eval_trajectories: int | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         tensorboard_log: str | None = None,
         seed: int | None = None,

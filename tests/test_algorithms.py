@@ -314,3 +314,14 @@ def test_partial_participation_averages_only_the_sampled_agents():
     chosen = mask[0].bool()
     assert torch.allclose(new[0], local[chosen].mean(0), atol=1e-14)
     assert not torch.allclose(new[0], local.mean(0))
+
+
+def test_neural_model_logs_monte_carlo_returns_by_default(tmp_path):
+    from stable_baselines3.common.logger import configure
+
+    model = PerFedAvgPG("MlpPolicy", ARC, variant="first_order", tau=1, m_in=4, m_out=4, seed=0, device="cpu")
+    assert model.eval_trajectories == 32 and _grid_model().eval_trajectories == 0
+    model.set_logger(configure(str(tmp_path), ["csv"]))
+    model.learn(total_rounds=2)
+    header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
+    assert "eval/pre_adaptation_return" in header and "eval/post_adaptation_return" in header
