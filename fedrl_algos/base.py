@@ -412,7 +412,11 @@ class FederatedAlgorithm(BaseAlgorithm):
 
     # --- environment and persistence -----------------------------------------------------------
     def set_env(self, env: Any, force_reset: bool = True) -> None:
-        """Bind another environment of the same family (same spaces)."""
+        """Bind another environment of the same family (same spaces).
+
+        :param env: a fedrl id, a family or a federated env of the model's family
+        :param force_reset: unused (kept for SB3 compatibility)
+        """
         observation_space, action_space = self.observation_space, self.action_space
         self._bind_env(env)
         if self.observation_space != observation_space or self.action_space != action_space:
@@ -439,7 +443,12 @@ class FederatedAlgorithm(BaseAlgorithm):
         return [*super()._excluded_save_params(), "fed_env", "federation", "estimator", "evaluator"]
 
     def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
-        """Save parameters, configuration and random-stream state (SB3 zip format)."""
+        """Save parameters, configuration and random-stream state (SB3 zip format).
+
+        :param path: file path or file-like object
+        :param exclude: further attributes not to save
+        :param include: attributes to save although excluded by default
+        """
         self._rng_state = self.federation.state_dict()
         try:
             super().save(path, exclude=exclude, include=include)
@@ -457,7 +466,16 @@ class FederatedAlgorithm(BaseAlgorithm):
         force_reset: bool = True,
         **kwargs: Any,
     ) -> SelfFederatedAlgorithm:
-        """Load a saved model; ``env`` optionally rebinds it to another env of the same family."""
+        """Load a saved model; ``env`` optionally rebinds it to another env of the same family.
+
+        :param path: file path or file-like object written by :meth:`save`
+        :param env: optional environment of the same family
+        :param device: torch device
+        :param custom_objects: as SB3's ``load``
+        :param print_system_info: as SB3's ``load``
+        :param force_reset: unused (kept for SB3 compatibility)
+        :param kwargs: attributes to override after loading
+        """
         model = super().load(path, env=None, device=device, custom_objects=custom_objects, print_system_info=print_system_info, **kwargs)
         model._rng_state = None
         if env is not None:

@@ -125,10 +125,23 @@ class FedAvgPG(FederatedAlgorithm):
     used only to evaluate the post-adaptation objective F and as :meth:`adapt`'s default step.
     Docs: ``docs/algorithms/fedavg_pg.md``.
 
-    :param alpha: adaptation step size used for evaluation and :meth:`adapt` only
+    :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a FlatPolicy class
+    :param env: a registered fedrl id, a task family, or a ``FederatedVecEnv`` on a fedrl family
     :param beta: local step size
-    :param m_in, m_h, m_out: the batch sizes whose sum is the per-step batch
-    (other parameters as :class:`PerFedAvgPG`)
+    :param alpha: adaptation step size used for evaluation and :meth:`adapt` only
+    :param tau: local steps per round
+    :param m_in: first part of the per-step batch
+    :param m_h: second part of the per-step batch
+    :param m_out: third part of the per-step batch (the batch is ``m_in + m_h + m_out``)
+    :param gamma: discount
+    :param agents_per_round: agents sampled per round (default: all)
+    :param eval_trajectories: see :class:`PerFedAvgPG`
+    :param eval_adapt_trajectories: see :class:`PerFedAvgPG`
+    :param policy_kwargs: policy keyword arguments
+    :param tensorboard_log: TensorBoard log directory
+    :param seed: seed of every random stream
+    :param device: torch device
+    :param verbose: verbosity
     """
 
     def __init__(
@@ -184,9 +197,19 @@ class IndependentPG(FederatedAlgorithm):
     ``m`` trajectories on every agent; the agents' parameters are :attr:`agent_theta` ``[n, d]``
     and :meth:`predict` uses ``agent``'s own parameters. Docs: ``docs/algorithms/independent_pg.md``.
 
+    :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a FlatPolicy class
+    :param env: a registered fedrl id, a task family, or a ``FederatedVecEnv`` on a fedrl family
     :param beta: step size
     :param m: trajectories per policy-gradient step
-    (other parameters as :class:`PerFedAvgPG`)
+    :param tau: steps per round
+    :param gamma: discount
+    :param eval_trajectories: Monte Carlo rollouts per agent for ``eval/mc_return`` (default: 0
+        with an exact model, else 32)
+    :param policy_kwargs: policy keyword arguments
+    :param tensorboard_log: TensorBoard log directory
+    :param seed: seed of every random stream
+    :param device: torch device
+    :param verbose: verbosity
     """
 
     def __init__(
@@ -251,7 +274,14 @@ class IndependentPG(FederatedAlgorithm):
         return out
 
     def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False, agent: int | None = None) -> Any:
-        """SB3 ``predict``; with ``agent`` it uses that agent's own parameters."""
+        """SB3 ``predict``; with ``agent`` it uses that agent's own parameters.
+
+        :param observation: observation(s)
+        :param state: unused (no recurrent state)
+        :param episode_start: unused
+        :param deterministic: the most likely action instead of a sample
+        :param agent: agent index (default: the shared initialization)
+        """
         if agent is None:
             return super().predict(observation, state, episode_start, deterministic)
         if not 0 <= agent < self.n_agents:

@@ -103,7 +103,11 @@ class RandomStreams:
         return out
 
     def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Uniform numbers in ``[0, 1)``: tensor ``[*batch_shape, *shape]`` of ``dtype``."""
+        """Uniform numbers in ``[0, 1)``: tensor ``[*batch_shape, *shape]`` of ``dtype``.
+
+        :param shape: numbers per stream
+        :param dtype: floating dtype of the result
+        """
         if not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
         words = self.bits(shape)
@@ -117,7 +121,11 @@ class RandomStreams:
         return (_shr(words, 64 - bits).to(torch.float64) * (2.0**-bits)).to(dtype)
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Standard normal numbers (Box-Muller on two uniform draws)."""
+        """Standard normal numbers (Box-Muller on two uniform draws).
+
+        :param shape: numbers per stream
+        :param dtype: floating dtype of the result
+        """
         u = self.uniform((2, *shape), dtype=torch.float64)
         u1, u2 = u.unbind(self.keys.dim())
         z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos(2.0 * torch.pi * u2)

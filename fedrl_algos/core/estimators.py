@@ -86,6 +86,12 @@ def policy_gradient(
 def autograd_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float) -> torch.Tensor:
     """``(1/m) Σ_ξ u(ξ; θ) v`` by automatic differentiation, for any policy: ``[*B, d]``.
 
+    :param policy: a flat policy
+    :param theta: parameters ``[*B, d]`` the trajectories were sampled with
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param v: direction ``[*B, d]`` (or broadcastable to it)
+    :param gamma: discount
+
     ``g(ξ)(∇log q(ξ)ᵀv)`` is ``∇_θ Σ_ξ c_ξ ν(ξ)`` with ``c_ξ = ∇log q(ξ)ᵀv`` held fixed, and ``c`` is
     one forward-mode JVP; ``∇²ν·v`` is the gradient of ``∇ν·v`` (double backward).
     """
@@ -171,6 +177,11 @@ def hessian_vector_product(
 ) -> torch.Tensor:
     """``Ĥv = (1/m) Σ_ξ u(ξ; θ) v``, the paper's curvature estimate applied to ``v``: ``[*B, d]``.
 
+    :param policy: a flat policy
+    :param theta: parameters ``[*B, d]`` the trajectories were sampled with
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param v: direction ``[*B, d]``
+    :param gamma: discount
     :param closed_form: use the closed form (default: whenever there is one — the tabular softmax,
         or the one-hidden-layer softmax MLP of :mod:`fedrl_algos.core.mlp_hvp`)
     """

@@ -102,6 +102,12 @@ class Federation:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One communication round (Algorithm 1): broadcast, ``τ`` local steps, average.
 
+        :param theta: server parameters ``[R, d]``
+        :param estimator: each agent's local direction
+        :param beta: local step size
+        :param tau: local steps
+        :param agents_per_round: agents sampled per run (``None``: all)
+
         :return: the new server parameters ``[R, d]`` and the participation mask used
         """
         mask = self.participation(agents_per_round)
@@ -109,18 +115,33 @@ class Federation:
         return aggregate(local, mask), mask
 
     def independent_steps(self, theta: torch.Tensor, estimator: GradientEstimator, beta: float, steps: int) -> torch.Tensor:
-        """``steps`` local steps of every agent on its own parameters ``[R, n, d]``, no averaging."""
+        """``steps`` local steps of every agent on its own parameters, no averaging.
+
+        :param theta: agents' parameters ``[R, n, d]``
+        :param estimator: the direction
+        :param beta: step size
+        :param steps: number of steps
+        """
         return local_update(estimator, self.sampler, theta, beta, steps)
 
     def evaluate(self, theta: torch.Tensor, n_trajectories: int) -> torch.Tensor:
-        """Monte Carlo discounted return of every agent ``[R, n]`` under ``theta`` (``[R, d]`` or ``[R, n, d]``)."""
+        """Monte Carlo discounted return of every agent ``[R, n]`` (evaluation streams).
+
+        :param theta: shared ``[R, d]`` or per-agent ``[R, n, d]`` parameters
+        :param n_trajectories: rollouts per agent
+        """
         if theta.dim() == 2:
             theta = self.broadcast(theta)
         traj = self.eval_sampler(theta, n_trajectories)
         return traj.returns(self.gamma).mean(-1)
 
     def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int) -> torch.Tensor:
-        """One policy-gradient adaptation step per agent from the evaluation streams ``[R, n, d]``."""
+        """One policy-gradient adaptation step per agent from the evaluation streams: ``[R, n, d]``.
+
+        :param theta: shared ``[R, d]`` or per-agent ``[R, n, d]`` parameters
+        :param alpha: adaptation step size
+        :param n_trajectories: trajectories of the step (0 returns ``theta`` per agent)
+        """
         if theta.dim() == 2:
             theta = self.broadcast(theta)
         if alpha == 0 or n_trajectories == 0:
@@ -141,6 +162,16 @@ def adapt_parameters(
     gamma: float = 0.9,
 ) -> tuple[torch.Tensor, list[Trajectories]]:
     """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps of ``n_trajectories`` each.
+
+    :param family: task family
+    :param params: task parameters stacked over the flattened batch rows
+    :param policy: the flat policy
+    :param theta: starting parameters ``[*B, d]``
+    :param streams: random streams with batch shape ``B``
+    :param n_trajectories: trajectories per step
+    :param steps: number of steps
+    :param step_size: step size α
+    :param gamma: discount
 
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """

@@ -186,7 +186,14 @@ class ExactMetaGradient(_MetaBase):
 def local_update(
     estimator: GradientEstimator, sampler: SamplerFn, theta: torch.Tensor, beta: float, tau: int
 ) -> torch.Tensor:
-    """``τ`` local ascent steps ``θ ← θ + β·direction(θ)`` with fresh batches: ``[*B, d]``."""
+    """``τ`` local ascent steps ``θ ← θ + β·direction(θ)`` with fresh batches: ``[*B, d]``.
+
+    :param estimator: the direction (a :class:`GradientEstimator`)
+    :param sampler: draws fresh trajectories: ``sampler(theta, m)``
+    :param theta: starting parameters ``[*B, d]``
+    :param beta: step size (a number, or a tensor broadcastable to ``[*B, 1]``)
+    :param tau: number of steps
+    """
     for _ in range(tau):
         theta = theta + beta * estimator(sampler, theta)
     return theta
