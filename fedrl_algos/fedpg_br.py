@@ -187,8 +187,8 @@ class FedPGBRUpdate:
     :param batch_range: ``(B_min, B_max)``
     :param inner_batch_size: b
     :param step_size: η
-    :param sigma: σ for the filter (a bound on ``||g(τ) − ∇J||``), or ``"auto"``: per run and
-        round, :meth:`estimate_sigma` of the agents' reported spreads
+    :param sigma: σ for the filter, or ``"auto"``/``"auto_bound"``: per run and round,
+        :meth:`estimate_sigma` of the agents' reported spreads
     :param delta: δ
     :param max_byzantine_fraction: α
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
@@ -251,17 +251,23 @@ class FedPGBRUpdate:
         count = batch_size.to(per_traj.dtype).reshape(*batch_size.shape, 1, 1)
         mu = per_traj.sum(-2) / count
         deviation = (per_traj - mu.unsqueeze(-2)).norm(dim=-1) * used.squeeze(-1)
-        spread = deviation.amax(-1)
+        if self.sigma == "auto_bound":  # the largest deviation: an empirical bound
+            spread = deviation.amax(-1)
+        else:  # the per-trajectory standard deviation
+            spread = torch.sqrt((deviation**2).sum(-1) / (count.squeeze(-1) - 1).clamp(min=1))
         reported = self.attack.gradient(mu, torch.broadcast_to(byzantine, mu.shape[:-1]), noise)
         returns = traj.rewards.sum(-1).sum(-1) / count.squeeze(-1)
         return reported, spread, returns, traj.mask.sum((-1, -2))
 
     def estimate_sigma(self, spread: torch.Tensor) -> torch.Tensor:
-        """``σ = "auto"``: the ``(1 − α)``-quantile over agents of the reported spreads ``[*R, n]``.
+        """``σ = "auto"``/``"auto_bound"``: the ``(1 − α)``-quantile over agents of the reported spreads ``[*R, n]``.
 
-        FedPG-BR's σ bounds ``||g(τ) − ∇J||``; each agent reports ``max_j ||g(τ_j) − μ_k||`` over its
-        batch, and with at most a fraction α of Byzantine agents the ``(1 − α)``-quantile is never
-        above the largest honest report, however large the Byzantine ones are.
+        Each agent reports the spread of its per-trajectory estimates around its mean μ_k: the
+        standard deviation ``sqrt(Σ_j ||g(τ_j) − μ_k||² / (B_t − 1))`` (``"auto"``) or the largest
+        deviation ``max_j ||g(τ_j) − μ_k||`` (``"auto_bound"``, an empirical version of the bound
+        ``||g(τ) − ∇J|| ≤ σ`` behind FedPG-BR's concentration argument; about 3× wider). With at most
+        a fraction α of Byzantine agents the ``(1 − α)``-quantile is never above the largest honest
+        report, however large the Byzantine ones are.
         """
         return torch.quantile(spread.to(torch.float64), 1.0 - self.max_byzantine_fraction, dim=-1, interpolation="lower").to(spread.dtype)
 
@@ -285,7 +291,8 @@ class FedPGBRUpdate:
         span = self.b_max - self.b_min + 1
         batch_size = self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
         grads, spread, returns, env_steps = self.agent_gradients(agent_sampler, theta, batch_size, byzantine, noise)
-        sigma = self.estimate_sigma(spread) if self.sigma == "auto" else torch.full_like(spread[..., 0], float(self.sigma))
+        auto = self.sigma in ("auto", "auto_bound")
+        sigma = self.estimate_sigma(spread) if auto else torch.full_like(spread[..., 0], float(self.sigma))
         if self.use_filter:
             decision = byzantine_filter(grads, sigma, self.delta, batch_size, self.max_byzantine_fraction)
         else:
@@ -342,8 +349,11 @@ class FedPGBR(FederatedAlgorithm):
     :param batch_range: ``(B_min, B_max)`` of the agents' batch size B_t (FedPG-BR on CartPole:
         14–18)
     :param inner_batch_size: b, server trajectories per inner step (CartPole: 4)
-    :param sigma: σ of the filter threshold (FedPG-BR's bound on ``||g(τ) − ∇J||``), or ``"auto"``:
-        each round, the ``(1 − α)``-quantile over agents of their reported ``max_j ||g(τ_j) − μ_k||``
+    :param sigma: σ of the filter threshold, or ``"auto"`` (default): each round, the
+        ``(1 − α)``-quantile over agents of their reported per-trajectory standard deviations;
+        ``"auto_bound"``: the same with their largest per-trajectory deviation (FedPG-BR's σ as a
+        bound on ``||g(τ) − ∇J||``; about 3× wider, and on CartPole it let most sign-flipped
+        reports through)
     :param delta: δ of the threshold (FedPG-BR: 0.6)
     :param max_byzantine_fraction: α, the largest tolerated fraction of Byzantine agents (FedPG-BR:
         0.4); a first pass keeping fewer than ``(1 − α)K`` agents triggers the wider radius 2σ
@@ -409,8 +419,8 @@ class FedPGBR(FederatedAlgorithm):
         b_max = _check_positive_int("batch_range[1]", batch_range[1], b_min)
         self.batch_range = (b_min, b_max)
         self.inner_batch_size = _check_positive_int("inner_batch_size", inner_batch_size)
-        if not (sigma == "auto" or (isinstance(sigma, int | float) and not isinstance(sigma, bool) and sigma > 0)):
-            raise ValueError(f"sigma must be a number > 0 or 'auto', got {sigma!r}")
+        if not (sigma in ("auto", "auto_bound") or (isinstance(sigma, int | float) and not isinstance(sigma, bool) and sigma > 0)):
+            raise ValueError(f"sigma must be a number > 0, 'auto' or 'auto_bound', got {sigma!r}")
         self.sigma = sigma
         if not (isinstance(delta, int | float) and 0 < delta < 1):
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")

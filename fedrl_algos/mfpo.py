@@ -49,8 +49,8 @@ class ExponentialStepSize:
 
     The defaults are the paper's experimental step size ``α_t = 1e-4 × 0.99^(−t)`` (section VI-A3),
     which *grows* by 1 % a step, with a cap that the paper does not have: uncapped, α_t passes
-    0.01 near t = 460 and CartPole training then collapses (measured; see the docs page). The cap
-    ``maximum=1e-3`` is reached at t = 232.
+    0.01 near t = 460 and a CartPole federation that had reached ~495 collapsed (measured; see the
+    docs page). The cap ``maximum=1e-3`` is reached at t = 232.
 
     :param initial: α_0
     :param growth: factor per step (``1/0.99``: the paper; ``< 1``: a decaying schedule)
@@ -277,7 +277,7 @@ class MFPO(FederatedAlgorithm):
 
     Importance weights ``w = Π π_{t−1}/Π π_t`` are computed in log space, so they never overflow,
     and truncated at ``max_importance_weight`` (default 2: on heterogeneous CartPole untruncated
-    weights reached 500 and training was less stable; ``None``: exact, only the overflow guard),
+    weights reached 500 and training stalled; ``None``: exact, only the overflow guard),
     or self-normalized over each agent's batch with ``self_normalize_weights=True``.
 
     :param policy: ``"MlpPolicy"`` (categorical or Gaussian head), ``"TabularPolicy"`` or a

@@ -147,7 +147,7 @@ class Population:
 
 
 class _Curve:
-    """Collects evaluation points of a batched run until every seed has used the budget.
+    """Collects evaluation points of a batched run until the seeds have used the budget on average.
 
     Evaluations: at the start, whenever the seeds' mean step count passes another
     ``budget / cfg.evaluations`` (every ``cfg.eval_every`` rounds when the budget is 0), and at the end.
@@ -172,8 +172,9 @@ class _Curve:
         self.steps += env_steps.double().cpu()
         self.trajectories += torch.as_tensor(trajectories, dtype=torch.float64).cpu()
         if self.bar is not None:
-            self.bar.set_postfix(round=self.rounds, steps=f"{float(self.steps.min()):.3g}")
-        return bool(self.steps.min() < self.budget) and self.rounds < self.max_rounds
+            self.bar.set_postfix(round=self.rounds, steps=f"{float(self.steps.mean()):.3g}")
+        # The seeds' mean: a collapsed seed (10-step episodes) must not keep the whole batch running.
+        return bool(self.steps.mean() < self.budget) and self.rounds < self.max_rounds
 
     def due(self, going: bool) -> bool:
         if not going:
@@ -336,6 +337,21 @@ def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return float(t.mean()), float(t.std(unbiased=False))
 
 
+def _at_step(records: list[dict[str, Any]], step: float, **match: Any) -> list[float]:
+    """Each seed's evaluation return linearly interpolated at ``step`` environment steps per agent."""
+    rows = [r for r in records if all(r.get(k) == v for k, v in match.items())]
+    out = []
+    for seed in sorted({r["seed"] for r in rows}):
+        pts = sorted((r["step"], r["return"]) for r in rows if r["seed"] == seed)
+        below = [p for p in pts if p[0] <= step]
+        above = [p for p in pts if p[0] >= step]
+        if not below or not above:
+            continue
+        (x0, y0), (x1, y1) = below[-1], above[0]
+        out.append(y0 if x1 == x0 else y0 + (y1 - y0) * (step - x0) / (x1 - x0))
+    return out
+
+
 def _first_reaching(records: list[dict[str, Any]], threshold: float, **match: Any) -> float | None:
     """Environment steps per agent at which the seed-mean evaluation return first reaches ``threshold``."""
     rows = [r for r in records if all(r.get(k) == v for k, v in match.items())]
@@ -495,7 +511,8 @@ class MFPOComparison(Experiment):
     def _table(self, records: list[dict[str, Any]], env: str, quick: bool) -> list[TableRow]:
         paper = PAPER_TABLE_I[env]
         rows = []
-        for method in ("Fed-DQN", "FedPG-BR", "Fed-SAC", "MFPO", "FedAvg-PG"):
+        ran_comparison = any(r.get("part") == "comparison" for r in records)
+        for method in ("Fed-DQN", "FedPG-BR", "Fed-SAC", "MFPO", "FedAvg-PG") if ran_comparison else ():
             p = paper.get(method)
             paper_txt = f"{p[0]:.1f} ± {p[1]:.1f}" if p else None
             missing = getattr(self, "_missing", {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"})
@@ -507,17 +524,30 @@ class MFPOComparison(Experiment):
             if method in ("Fed-DQN", "Fed-SAC"):
                 note += "; issue 7's protocol: deterministic evaluation episodes"
             rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, mean, std, note))
-        if env == "cartpole":
+        if env == "cartpole" and ran_comparison:
             reached = _first_reaching(records, 475.0, part="comparison", method="MFPO")
             rows.append(TableRow("MFPO: env steps per agent to a seed-mean return ≥ 475 (target ≤ 1e6)", "≤ 1e6 (target)",
                                  reached if reached is not None else "not reached", None,
                                  "quick run: not meaningful" if quick else "first evaluation at or above 475"))
         for part, key, values in (("agents_sweep", "n_agents", self.agent_counts), ("local_steps_sweep", "local_steps", self.local_step_counts)):
+            # Rounds overshoot the budget by up to a round (K·D trajectories): compare every setting
+            # at the step count all of them reached.
+            ends = []
             for v in values:
-                mean, std = _mean_std(_final(records, part=part, **{key: v}))
-                if mean is not None:
-                    fig = "fig. 5" if part == "agents_sweep" else "fig. 6"
-                    rows.append(TableRow(f"MFPO, {key} = {v} ({fig})", None, mean, std, "final evaluation return"))
+                sub = [r for r in records if r.get("part") == part and r.get(key) == v]
+                if sub:
+                    last = max(r["round"] for r in sub)
+                    ends.append(min(r["step"] for r in sub if r["round"] == last))
+            common = min(ends) if ends else 0.0
+            for v in values:
+                final = _final(records, part=part, **{key: v})
+                if not final:
+                    continue
+                mean, std = _mean_std(_at_step(records, common, part=part, **{key: v}) if common > 0 else final)
+                fig = "fig. 5" if part == "agents_sweep" else "fig. 6"
+                fmean, _ = _mean_std(final)
+                rows.append(TableRow(f"MFPO, {key} = {v} ({fig})", None, mean, std,
+                                     f"return at {common:.3g} env steps per agent (interpolated); at the end of the run {fmean:.1f}"))
         return rows
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
@@ -529,18 +559,19 @@ class MFPOComparison(Experiment):
         paths = []
         comp = [r for r in output.records if r["part"] == "comparison"]
         env = output.settings.get("env", "cartpole")
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-        for ax, key, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
-            _plot_curves(ax, comp, key, "method", str)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("evaluation return")
-            ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"heterogeneous {env}: 10 agents, K = 10, D = 20 (mean ± std over seeds)")
-        fig.tight_layout()
-        paths.append(out_dir / f"mfpo_{env}_comparison.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        if comp:
+            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+            for ax, key, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
+                _plot_curves(ax, comp, key, "method", str)
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel("evaluation return")
+                ax.grid(alpha=0.3)
+            axes[0].legend(fontsize=8)
+            fig.suptitle(f"heterogeneous {env}: 10 agents, K = 10, D = 20 (mean ± std over seeds)")
+            fig.tight_layout()
+            paths.append(out_dir / f"mfpo_{env}_comparison.png")
+            fig.savefig(paths[-1], dpi=120)
+            plt.close(fig)
         for part, key, title, name in (("agents_sweep", "n_agents", "number of agents N (fig. 5)", "agents"),
                                         ("local_steps_sweep", "local_steps", "local steps K (fig. 6)", "local_steps")):
             rows = [r for r in output.records if r["part"] == part]
