@@ -259,3 +259,13 @@ def test_full_alpha_sweep_matches_the_paper():
             assert abs(float(results[m].F[-1, a].mean()) - paper[m]) <= 0.05
     gaps = [float(results["exact"].F[-1, a].mean() - results["fedavg"].F[-1, a].mean()) for a in range(len(ALPHAS))]
     assert gaps == sorted(gaps)  # the benefit of personalization grows with α
+
+
+def test_cli_lists_mfpo_experiments_and_takes_env(tmp_path, capsys):
+    from fedrl_algos.reproduce import EXPERIMENTS
+
+    assert {"mfpo", "byzantine"} <= set(EXPERIMENTS)
+    assert not EXPERIMENTS["mfpo"].include_in_all
+    assert main(["reproduce", "byzantine", "--quick", "--env", "cartpole", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert (tmp_path / "byzantine" / "results.json").exists()
+    assert main(["reproduce", "alpha", "--quick", "--env", "cartpole", "--out", str(tmp_path), "--no-progress"]) == 2

@@ -38,7 +38,16 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             print("fedrl reproduce: --device cuda was requested but CUDA is not available", file=sys.stderr)
             return 2
-    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    if args.experiment == "all":
+        names = [name for name, exp in EXPERIMENTS.items() if getattr(exp, "include_in_all", True)]
+    else:
+        names = [args.experiment]
+    if args.env is not None:
+        for name in names:
+            if not hasattr(EXPERIMENTS[name], "configure"):
+                print(f"fedrl reproduce: --env applies to experiments with an env option (mfpo, byzantine), not {name}", file=sys.stderr)
+                return 2
+            EXPERIMENTS[name].configure(env=args.env)
     seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
     out = Path(args.out)
     progress = not args.no_progress
@@ -62,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Rerun an experiment of the Per-FedAvg-PG paper with its configuration, batched over seeds. "
         "Writes results.json (flat records), PNG figures and report.md (this run next to the paper's numbers) "
         "under OUT/<experiment>/.",
-        epilog="experiments:\n" + "\n".join(lines) + "\n  all              every experiment above, in this order",
+        epilog="experiments:\n" + "\n".join(lines) + "\n  all              every Per-FedAvg-PG experiment above, in this order",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"], metavar="EXPERIMENT", help="an experiment name or 'all'")
@@ -74,6 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device (default cpu)")
     parser.add_argument("--out", default="fedrl_out", metavar="DIR", help="output directory (default fedrl_out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--env", choices=["cartpole", "pendulum"], default=None, help="family of the mfpo / byzantine experiments (default cartpole)")
     parser.set_defaults(func=cmd_reproduce)
 
 

@@ -400,6 +400,8 @@ class MFPOComparison(Experiment):
     """MFPO vs FedPG-BR vs FedAvg-PG, and MFPO's agents and local-steps sweeps."""
 
     name = "mfpo"
+    #: hours at full size on two cores: run by name, not by ``fedrl reproduce all``
+    include_in_all = False
     description = "MFPO vs FedPG-BR vs FedAvg-PG on heterogeneous CartPole/Pendulum; agents and local-steps sweeps"
     paper_reference = "the MFPO paper, section VI: Table I and figs. 3, 5, 6"
     agent_counts = (1, 5, 10, 20, 50)
@@ -599,6 +601,7 @@ class ByzantineExperiment(Experiment):
     """FedPG-BR and FedAvg-PG with 0 and 3 of 10 Byzantine agents (random noise, sign flipping)."""
 
     name = "byzantine"
+    include_in_all = False
     description = "FedPG-BR vs FedAvg-PG with 0 or 3 of 10 Byzantine agents (random noise, sign flipping) on CartPole"
     paper_reference = "FedPG-BR (Fan et al., NeurIPS 2021), the fault-tolerant baseline of the MFPO paper"
     attacks = ("none", "random_noise", "sign_flip")
