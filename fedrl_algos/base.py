@@ -27,7 +27,7 @@ from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, TaskFamily, check_device, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["FederatedAlgorithm", "FederatedProgressBar", "resolve_federation_env"]
+__all__ = ["EnvFreeLearnMixin", "FederatedAlgorithm", "FederatedProgressBar", "resolve_federation_env"]
 
 SelfFederatedAlgorithm = TypeVar("SelfFederatedAlgorithm", bound="FederatedAlgorithm")
 
@@ -90,7 +90,42 @@ def _check_non_negative(name: str, value: Any) -> float:
     return float(value)
 
 
-class FederatedAlgorithm(BaseAlgorithm):
+class EnvFreeLearnMixin:
+    """``learn`` set-up for SB3 algorithms that do not own one SB3 ``VecEnv``.
+
+    SB3's ``_setup_learn`` resets ``self.env``; a federation samples through its own kernels (or
+    its agents' own SB3 models), so this version keeps only the counters, the logger and the
+    callbacks, and swaps SB3's progress bar for one advanced by the steps actually consumed.
+    """
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        self.start_time = time.time_ns()
+        if reset_num_timesteps:
+            self.num_timesteps = 0
+            self._episode_num = 0
+        else:
+            total_timesteps += self.num_timesteps
+        self._total_timesteps = total_timesteps
+        self._num_timesteps_at_start = self.num_timesteps
+        if not self._custom_logger:
+            self._logger = utils.configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+        return total_timesteps, self._init_callback(callback, progress_bar)
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        if progress_bar:
+            callback = [cb for cb in ([callback] if not isinstance(callback, list) else callback) if cb is not None]
+            callback = [*callback, FederatedProgressBar()]
+        return super()._init_callback(callback, progress_bar=False)
+
+
+class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     """Base class: a federation of agents trained by rounds of local policy-gradient steps.
 
     Subclasses provide :meth:`_make_estimator` (the local update direction) and may override
@@ -266,33 +301,6 @@ class FederatedAlgorithm(BaseAlgorithm):
             out["pre_adaptation_return"] = float(pre.mean())
             out["post_adaptation_return"] = float(post.mean())
         return out
-
-    def _setup_learn(
-        self,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        reset_num_timesteps: bool = True,
-        tb_log_name: str = "run",
-        progress_bar: bool = False,
-    ) -> tuple[int, BaseCallback]:
-        # SB3's version resets a VecEnv; a federation samples through its own kernels instead.
-        self.start_time = time.time_ns()
-        if reset_num_timesteps:
-            self.num_timesteps = 0
-            self._episode_num = 0
-        else:
-            total_timesteps += self.num_timesteps
-        self._total_timesteps = total_timesteps
-        self._num_timesteps_at_start = self.num_timesteps
-        if not self._custom_logger:
-            self._logger = utils.configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
-        return total_timesteps, self._init_callback(callback, progress_bar)
-
-    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
-        if progress_bar:
-            callback = [cb for cb in ([callback] if not isinstance(callback, list) else callback) if cb is not None]
-            callback = [*callback, FederatedProgressBar()]
-        return super()._init_callback(callback, progress_bar=False)
 
     def learn(
         self: SelfFederatedAlgorithm,

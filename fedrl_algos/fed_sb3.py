@@ -36,7 +36,6 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
-from stable_baselines3.common import utils
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import Logger
@@ -46,7 +45,7 @@ from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.type_aliases import MaybeCallback, TrainFrequencyUnit
 
 import fedrl_envs
-from fedrl_algos.base import FederatedProgressBar
+from fedrl_algos.base import EnvFreeLearnMixin
 from fedrl_algos.core.meta import aggregate as server_average
 from fedrl_envs import derive_keys
 from wrappers.federated import FederatedVecEnv
@@ -309,7 +308,7 @@ def _silent_logger() -> Logger:
 # --------------------------------------------------------------------------------------------------
 # The algorithm
 # --------------------------------------------------------------------------------------------------
-class FedAvgSB3(BaseAlgorithm):
+class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
     """Federated averaging of an SB3 algorithm: Fed-DQN, Fed-SAC, Fed-PPO, ...
 
     FedAvg (https://arxiv.org/abs/1602.05629); the Fed-DQN and Fed-SAC baselines of MFPO
@@ -528,33 +527,6 @@ class FedAvgSB3(BaseAlgorithm):
     def synchronize(self) -> dict[str, float]:
         """Run the server rule now (average and broadcast in place); returns its metrics."""
         return self.aggregator(self.agents)
-
-    def _setup_learn(
-        self,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        reset_num_timesteps: bool = True,
-        tb_log_name: str = "run",
-        progress_bar: bool = False,
-    ) -> tuple[int, BaseCallback]:
-        # SB3's version resets self.env; here each agent's own learn() handles its environment.
-        self.start_time = time.time_ns()
-        if reset_num_timesteps:
-            self.num_timesteps = 0
-            self._episode_num = 0
-        else:
-            total_timesteps += self.num_timesteps
-        self._total_timesteps = total_timesteps
-        self._num_timesteps_at_start = self.num_timesteps
-        if not self._custom_logger:
-            self._logger = utils.configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
-        return total_timesteps, self._init_callback(callback, progress_bar)
-
-    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
-        if progress_bar:
-            callback = [cb for cb in ([callback] if not isinstance(callback, list) else callback) if cb is not None]
-            callback = [*callback, FederatedProgressBar()]
-        return super()._init_callback(callback, progress_bar=False)
 
     def learn(
         self: SelfFedAvgSB3,
