@@ -24,7 +24,7 @@ import fedrl_envs
 from fedrl_algos.core.federation import Federation, adapt_parameters, combine_seed, seed_from_entropy
 from fedrl_algos.core.meta import GradientEstimator
 from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
-from fedrl_envs.core import FamilyVectorEnv, TaskFamily, check_device, index_params, params_to, stack_params
+from fedrl_envs.core import FamilyVectorEnv, TaskFamily, check_device, check_int, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["EnvFreeLearnMixin", "FederatedAlgorithm", "FederatedProgressBar", "resolve_federation_env"]
@@ -72,14 +72,6 @@ def resolve_federation_env(env: Any) -> tuple[TaskFamily, Any, Any]:
 
 def _n_tasks(stacked_params: Any) -> int:
     return int(next(v for v in vars(stacked_params).values() if isinstance(v, torch.Tensor)).shape[0])
-
-
-def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_non_negative(name: str, value: Any) -> float:
@@ -178,7 +170,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 raise ValueError("env must be given (a fedrl family id, a TaskFamily or a FederatedVecEnv)")
             return
         self.beta = _check_non_negative("beta", beta)
-        self.tau = _check_positive_int("tau", tau)
+        self.tau = check_int("tau", tau)
         self.alpha = _check_non_negative("alpha", alpha)
         if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
             raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
@@ -190,10 +182,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             eval_trajectories = 0 if hasattr(self.family, "next_state_table") else 32
         if eval_adapt_trajectories is None:
             eval_adapt_trajectories = 64
-        self.eval_trajectories = _check_positive_int("eval_trajectories", eval_trajectories, 0)
-        self.eval_adapt_trajectories = _check_positive_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
+        self.eval_trajectories = check_int("eval_trajectories", eval_trajectories, 0)
+        self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         if agents_per_round is not None:
-            agents_per_round = _check_positive_int("agents_per_round", agents_per_round)
+            agents_per_round = check_int("agents_per_round", agents_per_round)
             if agents_per_round > self.n_agents:
                 raise ValueError(
                     f"agents_per_round must be at most the number of agents ({self.n_agents}), got {agents_per_round}"
@@ -330,10 +322,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         if (total_timesteps is None) == (total_rounds is None):
             raise ValueError("exactly one of total_timesteps and total_rounds must be given")
         if total_rounds is not None:
-            total_rounds = _check_positive_int("total_rounds", total_rounds)
+            total_rounds = check_int("total_rounds", total_rounds)
             total_timesteps = total_rounds * self.timesteps_per_round
-        total_timesteps = _check_positive_int("total_timesteps", total_timesteps)
-        log_interval = _check_positive_int("log_interval", log_interval)
+        total_timesteps = check_int("total_timesteps", total_timesteps)
+        log_interval = check_int("log_interval", log_interval)
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name or type(self).__name__, progress_bar
         )
@@ -398,8 +390,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         """
         many = isinstance(task, list)
         tasks = [self._resolve_tasks(t) for t in (task if many else [task])]
-        n_trajectories = _check_positive_int("n_trajectories", n_trajectories, 0)
-        steps = _check_positive_int("steps", steps, 0)
+        n_trajectories = check_int("n_trajectories", n_trajectories, 0)
+        steps = check_int("steps", steps, 0)
         step_size = self.alpha if step_size is None else _check_non_negative("step_size", step_size)
         params = params_to(stack_params(tasks), self.device)
         theta = self.policy.theta.detach().expand(len(tasks), -1).clone()

@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fedrl_algos._cli_args import positive_int
+
 __all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
 
 _FAMILIES = ("fedrl/GridWorld-v0", "fedrl/ArcNavigation-v0")
@@ -420,12 +422,6 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
 
 def _add_envs_target(targets: argparse._SubParsersAction) -> None:
     p = targets.add_parser(
@@ -434,12 +430,12 @@ def _add_envs_target(targets: argparse._SubParsersAction) -> None:
         description="Environment steps per second of FederatedVecEnv (gridworld, arc navigation) next to "
         "gymnasium.vector.SyncVectorEnv measured in the same process, peak memory, and rollouts with a policy.",
     )
-    p.add_argument("--sizes", type=_positive_int, nargs="+", help="envs per agent (default 64 1024 16384)")
+    p.add_argument("--sizes", type=positive_int, nargs="+", help="envs per agent (default 64 1024 16384)")
     p.add_argument("--quick", action="store_true", help="a short smoke run (size 64, tiny timings)")
     p.add_argument("--device", default="cpu", help="torch device of the federated env (cpu, cuda, ...)")
-    p.add_argument("--agents", type=_positive_int, default=8, help="number of agents (default 8)")
-    p.add_argument("--sync-max-envs", type=_positive_int, default=None, help="largest envs per agent timed under SyncVectorEnv")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--agents", type=positive_int, default=8, help="number of agents (default 8)")
+    p.add_argument("--sync-max-envs", type=positive_int, default=None, help="largest envs per agent timed under SyncVectorEnv")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd_bench_envs)

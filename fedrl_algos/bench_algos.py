@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from fedrl_algos._cli_args import positive_int
 from fedrl_algos.core import ExactMetaGradient, Sampler, aggregate, local_update
 from fedrl_algos.core.federation import Federation, run_keys
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
@@ -122,14 +123,6 @@ def _cmd_bench_algos(args: Any) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    import argparse
-
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
 
 def add_algos_target(targets: Any) -> None:
     """Add ``fedrl bench algos`` (see :func:`fedrl_algos.bench.register`)."""
@@ -139,10 +132,10 @@ def add_algos_target(targets: Any) -> None:
         description="Wall time of one Per-FedAvg-PG round (exact variant) of the tabular and the neural paper "
         "configuration, R runs batched vs looped one agent and one run at a time, and the speed-up.",
     )
-    p.add_argument("--runs", type=_positive_int, default=10, help="independent runs (default 10)")
-    p.add_argument("--tau", type=_positive_int, default=5, help="local steps per round (default 5)")
-    p.add_argument("--repeats", type=_positive_int, default=3, help="timings per side; the median is shown (default 3)")
+    p.add_argument("--runs", type=positive_int, default=10, help="independent runs (default 10)")
+    p.add_argument("--tau", type=positive_int, default=5, help="local steps per round (default 5)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timings per side; the median is shown (default 3)")
     p.add_argument("--float64", action="store_true", help="float64 parameters (default float32)")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     p.set_defaults(func=_cmd_bench_algos)

@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 import torch
 
 from fedrl_algos.attacks import Attack, attack_streams, make_attack
-from fedrl_algos.base import FederatedAlgorithm, _check_positive_int
+from fedrl_algos.base import FederatedAlgorithm
 from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS, ScoreFunctionGradient, paired_gradients, score_gradient
 from fedrl_algos.core.rollout import Sampler, Trajectories
 from fedrl_algos.mfpo import evaluate_server_policy
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import index_params
+from fedrl_envs.core import check_int, index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = [
@@ -415,10 +415,10 @@ class FedPGBR(FederatedAlgorithm):
         self.server_learning_rate = float(learning_rate)
         if not (isinstance(batch_range, Sequence) and len(batch_range) == 2):
             raise ValueError(f"batch_range must be a pair (B_min, B_max), got {batch_range!r}")
-        b_min = _check_positive_int("batch_range[0]", batch_range[0], 2)
-        b_max = _check_positive_int("batch_range[1]", batch_range[1], b_min)
+        b_min = check_int("batch_range[0]", batch_range[0], 2)
+        b_max = check_int("batch_range[1]", batch_range[1], b_min)
         self.batch_range = (b_min, b_max)
-        self.inner_batch_size = _check_positive_int("inner_batch_size", inner_batch_size)
+        self.inner_batch_size = check_int("inner_batch_size", inner_batch_size)
         if not (sigma in ("auto", "auto_bound") or (isinstance(sigma, int | float) and not isinstance(sigma, bool) and sigma > 0)):
             raise ValueError(f"sigma must be a number > 0, 'auto' or 'auto_bound', got {sigma!r}")
         self.sigma = sigma
@@ -492,7 +492,7 @@ class FedPGBR(FederatedAlgorithm):
         if any(not 0 <= k < self.n_agents for k in self.byzantine_agents):
             raise ValueError(f"byzantine_agents must be agent indices in [0, {self.n_agents - 1}], got {self.byzantine_agents}")
         if self.server_task is not None:
-            _check_positive_int("server_task", self.server_task, 0)
+            check_int("server_task", self.server_task, 0)
             if self.server_task >= self.n_agents:
                 raise ValueError(f"server_task must be an agent index in [0, {self.n_agents - 1}], got {self.server_task}")
 

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedrl_algos.base import FederatedAlgorithm, _check_positive_int
+from fedrl_algos.base import FederatedAlgorithm
 from fedrl_algos.core.gpomdp import (
     BASELINES,
     ESTIMATORS,
@@ -29,6 +29,7 @@ from fedrl_algos.core.gpomdp import (
 )
 from fedrl_algos.core.meta import aggregate
 from fedrl_algos.policies import FlatPolicy
+from fedrl_envs.core import check_int
 
 __all__ = [
     "MFPO",
@@ -338,11 +339,11 @@ class MFPO(FederatedAlgorithm):
     ) -> None:
         self.step_size = _as_step_size(step_size)
         self.momentum = _as_momentum(momentum)
-        self.local_steps = _check_positive_int("local_steps", local_steps)
-        self.n_trajectories = _check_positive_int("n_trajectories", n_trajectories)
+        self.local_steps = check_int("local_steps", local_steps)
+        self.n_trajectories = check_int("n_trajectories", n_trajectories)
         if initial_trajectories is None:
             initial_trajectories = self.n_trajectories * self.local_steps
-        self.initial_trajectories = _check_positive_int("initial_trajectories", initial_trajectories)
+        self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
         if baseline not in BASELINES:

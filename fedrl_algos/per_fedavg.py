@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from fedrl_algos.base import FederatedAlgorithm, _check_positive_int
+from fedrl_algos.base import FederatedAlgorithm
 from fedrl_algos.core.meta import ExactMetaGradient, FirstOrderMetaGradient, GradientEstimator, PolicyGradient
 from fedrl_algos.policies import FlatPolicy
+from fedrl_envs.core import check_int
 
 __all__ = ["PerFedAvgPG", "FedAvgPG", "IndependentPG"]
 
@@ -89,10 +90,10 @@ class PerFedAvgPG(FederatedAlgorithm):
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
         self.variant = variant
-        self.m_in = _check_positive_int("m_in", m_in)
-        self.m_h = _check_positive_int("m_h", m_h)
-        self.m_out = _check_positive_int("m_out", m_out)
-        self.hvp_chunk = _check_positive_int("hvp_chunk", hvp_chunk)
+        self.m_in = check_int("m_in", m_in)
+        self.m_h = check_int("m_h", m_h)
+        self.m_out = check_int("m_out", m_out)
+        self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         super().__init__(
             policy,
             env,
@@ -165,9 +166,9 @@ class FedAvgPG(FederatedAlgorithm):
         verbose: int = 0,
         _init_setup_model: bool = True,
     ) -> None:
-        self.m_in = _check_positive_int("m_in", m_in)
-        self.m_h = _check_positive_int("m_h", m_h, 0)
-        self.m_out = _check_positive_int("m_out", m_out, 0)
+        self.m_in = check_int("m_in", m_in)
+        self.m_h = check_int("m_h", m_h, 0)
+        self.m_out = check_int("m_out", m_out, 0)
         super().__init__(
             policy,
             env,
@@ -228,7 +229,7 @@ class IndependentPG(FederatedAlgorithm):
         verbose: int = 0,
         _init_setup_model: bool = True,
     ) -> None:
-        self.m = _check_positive_int("m", m)
+        self.m = check_int("m", m)
         super().__init__(
             policy,
             env,

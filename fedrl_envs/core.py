@@ -36,7 +36,7 @@ __all__ = [
 P = TypeVar("P")
 
 
-def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
+def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
     """``value`` as an ``int`` in ``[low, high]``; ``TypeError``/``ValueError`` naming ``name`` otherwise.
 
     Accepts Python, NumPy and single-element integer torch integers; rejects bools and floats (an

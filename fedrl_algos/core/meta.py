@@ -24,6 +24,7 @@ import torch
 
 from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
 from fedrl_algos.core.rollout import Trajectories
+from fedrl_envs.core import check_int
 
 __all__ = [
     "GradientEstimator",
@@ -35,14 +36,6 @@ __all__ = [
 ]
 
 SamplerFn = Callable[[torch.Tensor, int], Trajectories]
-
-
-def _check_batch(name: str, value: int, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_step(name: str, value: float) -> float:
@@ -98,7 +91,7 @@ class PolicyGradient(GradientEstimator):
 
     def __init__(self, policy, gamma: float, m: int, name: str = "pg") -> None:
         super().__init__(policy, gamma)
-        self.m = _check_batch("m", m)
+        self.m = check_int("m", m)
         self.name = name
 
     @property
@@ -113,8 +106,8 @@ class _MetaBase(GradientEstimator):
     def __init__(self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int) -> None:
         super().__init__(policy, gamma)
         self.alpha = _check_step_or_tensor("alpha", alpha)
-        self.m_in = _check_batch("m_in", m_in)
-        self.m_out = _check_batch("m_out", m_out)
+        self.m_in = check_int("m_in", m_in)
+        self.m_out = check_int("m_out", m_out)
 
     def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
@@ -152,8 +145,8 @@ class ExactMetaGradient(_MetaBase):
         self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100
     ) -> None:
         super().__init__(policy, gamma, alpha, m_in, m_out)
-        self.m_h = _check_batch("m_h", m_h)
-        self.hvp_chunk = _check_batch("hvp_chunk", hvp_chunk)
+        self.m_h = check_int("m_h", m_h)
+        self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
 
     @property
     def trajectories_per_step(self) -> int:

@@ -11,21 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+from fedrl_algos._cli_args import positive_int
+
 __all__ = ["register", "cmd_reproduce", "DEFAULT_SEEDS", "QUICK_SEEDS"]
 
 #: seeds of a full run (the paper's 10) and of a ``--quick`` run
 DEFAULT_SEEDS = 10
 QUICK_SEEDS = 2
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -76,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"], metavar="EXPERIMENT", help="an experiment name or 'all'")
     parser.add_argument(
-        "--seeds", type=_positive_int, default=None, metavar="N",
+        "--seeds", type=positive_int, default=None, metavar="N",
         help=f"number of seeds 0..N-1 (default {DEFAULT_SEEDS}, or {QUICK_SEEDS} with --quick)",
     )
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke version (few seeds, few rounds)")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from fedrl_algos._cli_args import positive_int
 from fedrl_envs.core import check_device
 
 __all__ = ["run_demo", "register"]
@@ -147,12 +148,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl demo`` to the ``fedrl`` parser."""
@@ -163,11 +158,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "initialization to the 3 held-out goals with one policy-gradient step, compares with from-scratch "
         "training at the same budget and draws held-out rollouts before and after adaptation.",
     )
-    demo.add_argument("--rounds", type=_positive_int, default=150, help="meta-training communication rounds (default: 150)")
+    demo.add_argument("--rounds", type=positive_int, default=150, help="meta-training communication rounds (default: 150)")
     demo.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
     demo.add_argument("--device", default="cpu", help="torch device: cpu, cuda or auto (default: cpu)")
     demo.add_argument("--out", default="fedrl-demo", help="output directory of the figure (default: fedrl-demo)")
-    demo.add_argument("--adapt-trajectories", type=_positive_int, default=200,
+    demo.add_argument("--adapt-trajectories", type=positive_int, default=200,
                       help="trajectories of the adaptation step and from-scratch budget (default: 200)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     demo.set_defaults(func=_cmd_demo)
