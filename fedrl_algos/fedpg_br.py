@@ -22,6 +22,7 @@ import torch
 from fedrl_algos.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.base import FederatedAlgorithm
 from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS, ScoreFunctionGradient, paired_gradients, score_gradient
+from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.core.rollout import Sampler, Trajectories
 from fedrl_algos.mfpo import evaluate_server_policy
 from fedrl_algos.policies import FlatPolicy
@@ -196,6 +197,9 @@ class FedPGBRUpdate:
     :param max_importance_weight: truncation of ω (``None``: only the overflow guard)
     :param use_filter: ``False`` keeps every agent (the unprotected baseline)
     :param attack: what the Byzantine agents do
+    :param optimizer: the server's inner-loop step: ``"sgd"`` (``θ ← θ + η v``) or ``"adam"``
+        (Adam with step size η along ``v``, its state carried across rounds: the optimizer of
+        FedPG-BR's experiments)
     """
 
     def __init__(
@@ -213,6 +217,7 @@ class FedPGBRUpdate:
         max_importance_weight: float | None = None,
         use_filter: bool = True,
         attack: Attack | str | None = None,
+        optimizer: str = "sgd",
     ) -> None:
         self.policy = policy
         self.b_min, self.b_max = batch_range
@@ -225,6 +230,7 @@ class FedPGBRUpdate:
         self.max_importance_weight = max_importance_weight
         self.use_filter = use_filter
         self.attack = make_attack(attack)
+        self.optimizer = check_server_optimizer("optimizer", optimizer)
 
     def agent_gradients(
         self, sampler: Sampler, theta: torch.Tensor, batch_size: torch.Tensor, byzantine: torch.Tensor, noise: RandomStreams
@@ -279,14 +285,18 @@ class FedPGBRUpdate:
         server_uniform: torch.Tensor,
         byzantine: torch.Tensor,
         noise: RandomStreams,
+        optimizer_state: AdamState | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """One round: ``theta [*R, d]`` → new server parameters ``[*R, d]`` and diagnostics.
 
         :param server_uniform: two uniform numbers per run ``[*R, 2]`` (for B_t and N_t)
         :param byzantine: Byzantine agents ``[n]`` (bool)
+        :param optimizer_state: Adam's state after the previous round (``optimizer="adam"``;
+            ``None``: a fresh state)
         :return: new θ̃ and ``kept`` ``[*R, n]``, ``fallback`` ``[*R]``, ``threshold`` ``[*R]``,
             ``sigma`` ``[*R]``, ``batch_size`` ``[*R]``, ``inner_steps`` ``[*R]``, ``return``
-            ``[*R, n]``, ``env_steps`` ``[*R, n]`` (agents), ``server_env_steps`` ``[*R]``
+            ``[*R, n]``, ``env_steps`` ``[*R, n]`` (agents), ``server_env_steps`` ``[*R]``,
+            ``optimizer_state`` (Adam's state; ``None`` for ``"sgd"``)
         """
         span = self.b_max - self.b_min + 1
         batch_size = self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
@@ -303,6 +313,8 @@ class FedPGBRUpdate:
         inner_steps = torch.where(decision.kept.any(-1), inner_steps, torch.zeros_like(inner_steps))
         anchor, current = theta, theta.clone()
         server_steps = torch.zeros_like(sigma)
+        if self.optimizer == "adam" and optimizer_state is None:
+            optimizer_state = AdamState.zeros_like(theta)
         streams = server_sampler.streams
         for step in range(int(inner_steps.max()) if inner_steps.numel() else 0):
             active = step < inner_steps  # [*R]
@@ -313,7 +325,10 @@ class FedPGBRUpdate:
             psi = self.estimator.weights(traj)
             g, g_anchor, _, _ = paired_gradients(self.policy, current, anchor, traj, psi, self.max_importance_weight)
             v = g - g_anchor + mu
-            current = torch.where(active.unsqueeze(-1), current + self.step_size * v, current)
+            if self.optimizer == "adam":
+                current, optimizer_state = adam_ascent(current, v, optimizer_state, self.step_size, active=active)
+            else:
+                current = torch.where(active.unsqueeze(-1), current + self.step_size * v, current)
             server_steps = server_steps + active.to(server_steps.dtype) * traj.mask.sum((-1, -2))
         info = {
             "kept": decision.kept,
@@ -325,6 +340,7 @@ class FedPGBRUpdate:
             "return": returns,
             "env_steps": env_steps,
             "server_env_steps": server_steps,
+            "optimizer_state": optimizer_state if self.optimizer == "adam" else None,
         }
         return current, info
 
@@ -368,6 +384,9 @@ class FedPGBR(FederatedAlgorithm):
     :param attack: what Byzantine agents do: an :class:`~fedrl_algos.attacks.Attack` or its name
         (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``)
     :param byzantine_agents: indices of the Byzantine agents
+    :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
+        ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
+        rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
     :param gamma: discount γ
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
     :param policy_kwargs: keyword arguments of the policy
@@ -401,6 +420,7 @@ class FedPGBR(FederatedAlgorithm):
         server_task: int | None = None,
         attack: Attack | str | None = None,
         byzantine_agents: Sequence[int] = (),
+        server_optimizer: str = "sgd",
         gamma: float = 0.99,
         eval_trajectories: int = 0,
         policy_kwargs: dict[str, Any] | None = None,
@@ -440,6 +460,8 @@ class FedPGBR(FederatedAlgorithm):
         self.server_task = server_task
         self.attack = make_attack(attack)
         self.byzantine_agents = [int(k) for k in byzantine_agents]
+        self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
+        self.optimizer_state: AdamState | None = None
         self.filter_history: list[list[bool]] = []
         self.env_steps_per_agent = 0.0
         self.server_env_steps = 0.0
@@ -482,6 +504,7 @@ class FedPGBR(FederatedAlgorithm):
             self.max_importance_weight,
             self.use_filter,
             self.attack,
+            self.server_optimizer,
         )
         self._make_server_sampler()
         if self._extra_rng_state is not None:
@@ -538,8 +561,10 @@ class FedPGBR(FederatedAlgorithm):
         theta = self.policy.theta.detach().unsqueeze(0)
         uniform = self.federation.server_streams.uniform((2,), dtype=torch.float64)
         new_theta, info = self.update.round(
-            theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams
+            theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
+            self.optimizer_state,
         )
+        self.optimizer_state = info["optimizer_state"]
         self.policy.theta.data.copy_(new_theta[0])
         self.filter_history.append([bool(k) for k in info["kept"][0].tolist()])
         self.env_steps_per_agent += float(info["env_steps"].mean())

@@ -199,3 +199,30 @@ def test_trajectories_shape_and_reward_timing(tabular, grid_params):
     assert traj.obs.shape == (8, 3, 16) and traj.rewards.shape == (8, 3, 16)
     goal = grid_params.goal_index.reshape(8, 1, 1)
     assert torch.equal(traj.rewards, (traj.obs == goal).to(traj.rewards.dtype))
+
+
+def test_gaussian_log_std_is_clamped_to_its_bounds():
+    """A runaway log-σ parameter (Pendulum under MFPO reached 64, then NaN) acts as the bound: finite
+    log-probabilities, no gradient pushing it further; inside the bounds nothing changes."""
+    box = gym.spaces.Box(-1.0, 1.0, (3,))
+    action_space = gym.spaces.Box(-2.0, 2.0, (1,))
+    policy = MlpPolicy(box, action_space, net_arch=(4,), dtype=torch.float64)
+    unbounded = MlpPolicy(box, action_space, net_arch=(4,), dtype=torch.float64, log_std_bounds=None)
+    obs = torch.randn(5, 3, dtype=torch.float64)
+    actions = torch.randn(5, 1, dtype=torch.float64)
+    theta = policy.initial_parameters().clone()
+    theta[-1] = 0.7
+    assert torch.equal(policy.log_prob(theta, obs, actions), unbounded.log_prob(theta, obs, actions))
+    for raw, bound in ((64.0, 2.0), (-80.0, -20.0)):
+        theta[-1] = raw
+        theta.requires_grad_(True)
+        logp = policy.log_prob(theta, obs, actions)
+        assert torch.isfinite(logp).all() and float(policy.log_std(theta)) == bound
+        (grad,) = torch.autograd.grad(logp.sum(), theta)
+        assert grad[-1] == 0 and torch.isfinite(grad).all()
+        theta = theta.detach()
+    theta[-1] = -400.0  # exp(400)² overflows float64
+    assert not torch.isfinite(unbounded.log_prob(theta, obs, actions)).all()
+    assert torch.isfinite(policy.log_prob(theta, obs, actions)).all()
+    with pytest.raises(ValueError, match="log_std_bounds"):
+        MlpPolicy(box, action_space, log_std_bounds=(2.0, -20.0))

@@ -347,3 +347,42 @@ def test_cartpole_learns_despite_three_sign_flippers():
                     eval_trajectories=5, policy_kwargs=dict(net_arch=(16, 16)))
     model.learn(total_rounds=25)
     assert model.evaluate_round()["return"] > 300
+
+
+def test_adam_server_batched_equals_class_and_survives_save_load(tmp_path):
+    """The Adam server (FedPG-BR's experimental optimizer): two seeds batched give each seed's class
+    result, and a saved model continues with the same optimizer state."""
+    from fedrl_algos.attacks import attack_streams
+    from fedrl_algos.core.federation import Federation
+    from fedrl_algos.fedpg_br import make_server_sampler
+
+    models = [_grid(learning_rate=0.05, server_optimizer="adam", seed=s).learn(total_rounds=3) for s in (0, 1)]
+    assert models[0].optimizer_state is not None and float(models[0].optimizer_state.step[0]) > 0
+    m0, seeds = models[0], torch.tensor([0, 1])
+    federation = Federation(GRIDWORLD, m0.federation.agent_params, m0.policy, seeds, 0.9)
+    federation.sampler.stop_when_done = True
+    server = make_server_sampler(GRIDWORLD, federation.agent_params, m0.policy, seeds, 3)
+    noise = attack_streams(federation.streams)
+    theta, state = torch.zeros(2, 100, dtype=torch.float64), None
+    for _ in range(3):
+        uniform = federation.server_streams.uniform((2,), dtype=torch.float64)
+        theta, info = m0.update.round(theta, federation.sampler, server, uniform, torch.zeros(8, dtype=torch.bool), noise, state)
+        state = info["optimizer_state"]
+    for s in (0, 1):
+        assert torch.allclose(theta[s], models[s].theta, atol=1e-12)
+        assert torch.equal(state.step[s:s + 1], models[s].optimizer_state.step)
+    sgd = _grid(learning_rate=0.05, seed=0).learn(total_rounds=3)
+    assert sgd.optimizer_state is None and not torch.allclose(sgd.theta, models[0].theta)
+
+    model = models[0]
+    model.save(tmp_path / "adam.zip")
+    loaded = FedPGBR.load(tmp_path / "adam.zip", device="cpu")
+    assert loaded.server_optimizer == "adam" and torch.equal(loaded.optimizer_state.second, model.optimizer_state.second)
+    model.learn(total_rounds=2, reset_num_timesteps=False)
+    loaded.learn(total_rounds=2, reset_num_timesteps=False)
+    assert torch.equal(loaded.theta, model.theta)
+
+
+def test_bad_server_optimizer_raises():
+    with pytest.raises(ValueError, match="server_optimizer"):
+        _grid(server_optimizer="rmsprop")

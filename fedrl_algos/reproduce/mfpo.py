@@ -34,6 +34,7 @@ from fedrl_algos.attacks import AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
 from fedrl_algos.core.meta import GradientEstimator, aggregate
+from fedrl_algos.core.optim import AdamState, adam_ascent
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.mfpo import ExponentialStepSize, MFPOState, MFPOUpdate, MomentumSchedule
 from fedrl_algos.policies import MlpPolicy
@@ -74,6 +75,11 @@ class MethodConfig:
     :param momentum: ν_t of MFPO
     :param max_importance_weight: truncation of MFPO's importance weights
     :param fedpg_br_lr: η of FedPG-BR
+    :param server_optimizer: the server step of FedPG-BR's inner loop and of FedAvg-PG's
+        aggregation: ``"sgd"`` (FedPG-BR: θ ← θ + η v; FedAvg-PG: θ ← mean of the local models)
+        or ``"adam"`` (Adam with step size ``server_lr`` along FedPG-BR's v / FedAvg-PG's
+        pseudo-gradient ``mean_k θ_k − θ``, as in FedPG-BR's experiments)
+    :param server_lr: Adam's step size for FedAvg-PG's server (FedPG-BR's is ``fedpg_br_lr``)
     :param batch_range: FedPG-BR's (B_min, B_max)
     :param inner_batch_size: FedPG-BR's b
     :param net_arch: hidden layers of the policy
@@ -90,6 +96,8 @@ class MethodConfig:
     momentum: Callable[[int, float], float] = field(default_factory=MomentumSchedule)
     max_importance_weight: float | None = 2.0
     fedpg_br_lr: float = 1e-3
+    server_optimizer: str = "sgd"
+    server_lr: float = 1e-3
     batch_range: tuple[int, int] = (14, 18)
     inner_batch_size: int = 4
     net_arch: tuple[int, ...] = (16, 16)
@@ -235,7 +243,10 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
                  bar: Any = None) -> list[dict[str, Any]]:
     """FedAvg-PG: K local steps ``θ ← θ + α_t ĝ`` (GPOMDP, D trajectories) per agent, then the average.
 
-    With ``attack``, the agents in ``byzantine`` apply it to every local direction.
+    With ``attack``, the agents in ``byzantine`` apply it to every local direction. With
+    ``cfg.server_optimizer == "adam"`` the server takes an Adam step (``cfg.server_lr``) along
+    ``mean_k θ_k − θ`` instead of adopting the average; with K = 1 that is Adam on the averaged
+    GPOMDP gradient, the unprotected baseline of FedPG-BR's experiments.
     """
     cfg = pop.cfg
     counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories))
@@ -243,6 +254,7 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     mask[list(byzantine)] = True
     estimator: GradientEstimator = AttackedEstimator(counting, make_attack(attack), mask) if attack else counting
     theta = pop.initial_theta()
+    adam = AdamState.zeros_like(theta) if cfg.server_optimizer == "adam" else None
     curve = _Curve(pop, budget, max_rounds, bar)
     curve.record(theta)
     going, t = True, 0
@@ -252,7 +264,10 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
         for _ in range(cfg.local_steps):
             t += 1
             local = local + cfg.step_size(t) * estimator(pop.federation.sampler, local)
-        theta = aggregate(local)
+        if adam is None:
+            theta = aggregate(local)
+        else:
+            theta, adam = adam_ascent(theta, aggregate(local) - theta, adam, cfg.server_lr)
         going = curve.advance(counting.steps.mean(-1), cfg.local_steps * cfg.n_trajectories)
         if curve.due(going):
             curve.record(theta)
@@ -264,7 +279,7 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
     """FedPG-BR on every seed at once; returns the curve and the filter's statistics."""
     cfg = pop.cfg
     update = FedPGBRUpdate(pop.policy, GAMMA, cfg.batch_range, cfg.inner_batch_size, cfg.fedpg_br_lr, "auto", 0.6, 0.4,
-                           use_filter=use_filter, attack=attack)
+                           use_filter=use_filter, attack=attack, optimizer=cfg.server_optimizer)
     n = pop.n_agents
     server = make_server_sampler(pop.family, pop.federation.agent_params, pop.policy, pop.seeds, cfg.inner_batch_size)
     noise = attack_streams(pop.federation.streams)
@@ -274,10 +289,11 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
     curve = _Curve(pop, budget, max_rounds, bar)
     curve.record(theta)
     kept_honest = kept_byzantine = 0.0
-    going = True
+    going, adam = True, None
     while going:
         uniform = pop.federation.server_streams.uniform((2,), dtype=torch.float64)
-        theta, info = update.round(theta, pop.federation.sampler, server, uniform, mask, noise)
+        theta, info = update.round(theta, pop.federation.sampler, server, uniform, mask, noise, adam)
+        adam = info["optimizer_state"]
         kept = info["kept"].double()
         kept_honest += float(kept[:, ~mask].mean()) if (~mask).any() else 0.0
         kept_byzantine += float(kept[:, mask].mean()) if mask.any() else 0.0
@@ -598,7 +614,11 @@ class MFPOComparison(Experiment):
 # fedrl reproduce byzantine
 # ------------------------------------------------------------------------------------------------
 class ByzantineExperiment(Experiment):
-    """FedPG-BR and FedAvg-PG with 0 and 3 of 10 Byzantine agents (random noise, sign flipping)."""
+    """FedPG-BR and FedAvg-PG with 0 and 3 of 10 Byzantine agents (random noise, sign flipping).
+
+    Both run with an Adam server (FedPG-BR's experimental optimizer); FedAvg-PG with K = 1 local
+    step of D = 16 trajectories, i.e. the averaged-gradient baseline of FedPG-BR's experiments.
+    """
 
     name = "byzantine"
     include_in_all = False
@@ -624,11 +644,15 @@ class ByzantineExperiment(Experiment):
         import time
 
         opts = dict(self.options)
+        # FedPG-BR's experimental protocol: an Adam server for both methods, and as the unprotected
+        # baseline the server averaging one GPOMDP gradient per agent and round (FedAvg-PG with
+        # K = 1, D = 16, the mean of FedPG-BR's B_t).
         if quick:
-            cfg = MethodConfig(local_steps=2, n_trajectories=4, batch_range=(4, 5), inner_batch_size=2, eval_trajectories=2, eval_every=1)
+            cfg = MethodConfig(local_steps=1, n_trajectories=4, batch_range=(4, 5), inner_batch_size=2, eval_trajectories=2, eval_every=1,
+                               server_optimizer="adam")
             opts.update(budget=0.0, rounds=2)
         else:
-            cfg = MethodConfig()
+            cfg = MethodConfig(local_steps=1, n_trajectories=16, server_optimizer="adam")
             opts.update(rounds=10**6)
         env, seed_list = opts["env"], list(range(seeds))
         records: list[dict[str, Any]] = []
@@ -668,7 +692,10 @@ class ByzantineExperiment(Experiment):
         notes = [
             "Returns are undiscounted evaluation returns of the server policy, averaged over the 10 heterogeneous agents' tasks.",
             "Byzantine agents are agents 0, 1, 2. Random noise: g + U(-1, 1)·3·(max g - min g) per coordinate; "
-            "sign flipping: -2.5·g. FedAvg-PG's attackers corrupt every local direction.",
+            "sign flipping: -2.5·g.",
+            "Both methods step the server with Adam (step size 1e-3), as FedPG-BR's experiments do; FedAvg-PG is the "
+            "unprotected baseline of those experiments: every round the server averages one GPOMDP gradient from 16 "
+            "trajectories per agent (K = 1).",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
         settings = {**opts, "methods": cfg.describe(), "byzantine_agents": list(self.byzantine_agents), "gamma": GAMMA,
