@@ -384,9 +384,6 @@ class FedPGBR(FederatedAlgorithm):
     :param attack: what Byzantine agents do: an :class:`~fedrl_algos.attacks.Attack` or its name
         (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``)
     :param byzantine_agents: indices of the Byzantine agents
-    :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
-        ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
-        rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
     :param gamma: discount γ
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
     :param policy_kwargs: keyword arguments of the policy
@@ -394,6 +391,9 @@ class FedPGBR(FederatedAlgorithm):
     :param seed: seed of every random stream of the run
     :param device: torch device
     :param verbose: 0 silent, 1 logger output to stdout
+    :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
+        ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
+        rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
 
     >>> from fedrl_algos import FedPGBR
     >>> model = FedPGBR("TabularPolicy", "fedrl/GridWorld-v0", learning_rate=0.5, batch_range=(4, 6),
@@ -420,7 +420,6 @@ class FedPGBR(FederatedAlgorithm):
         server_task: int | None = None,
         attack: Attack | str | None = None,
         byzantine_agents: Sequence[int] = (),
-        server_optimizer: str = "sgd",
         gamma: float = 0.99,
         eval_trajectories: int = 0,
         policy_kwargs: dict[str, Any] | None = None,
@@ -428,6 +427,7 @@ class FedPGBR(FederatedAlgorithm):
         seed: int | None = None,
         device: torch.device | str = "auto",
         verbose: int = 0,
+        server_optimizer: str = "sgd",
         _init_setup_model: bool = True,
     ) -> None:
         if not (isinstance(learning_rate, int | float) and not isinstance(learning_rate, bool) and learning_rate >= 0):
@@ -461,7 +461,6 @@ class FedPGBR(FederatedAlgorithm):
         self.attack = make_attack(attack)
         self.byzantine_agents = [int(k) for k in byzantine_agents]
         self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
-        self.optimizer_state: AdamState | None = None
         self.filter_history: list[list[bool]] = []
         self.env_steps_per_agent = 0.0
         self.server_env_steps = 0.0
@@ -506,6 +505,14 @@ class FedPGBR(FederatedAlgorithm):
             self.attack,
             self.server_optimizer,
         )
+        # Adam's state as tensors [1], [1, d] that SB3 saves with the parameters (and maps to the
+        # device on load); kept for "sgd" too, where it stays zero.
+        d, dtype = self.policy.n_params, self.policy.theta.dtype
+        if getattr(self, "adam_step", None) is None:
+            self.adam_step = torch.zeros(1, dtype=dtype)
+            self.adam_first = torch.zeros(1, d, dtype=dtype)
+            self.adam_second = torch.zeros(1, d, dtype=dtype)
+        self.adam_step, self.adam_first, self.adam_second = (x.to(self.device) for x in (self.adam_step, self.adam_first, self.adam_second))
         self._make_server_sampler()
         if self._extra_rng_state is not None:
             self.server_sampler.streams.load_state_dict(self._extra_rng_state["server_traj"])
@@ -542,6 +549,17 @@ class FedPGBR(FederatedAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "update", "server_sampler", "noise_streams", "byzantine_mask"]
 
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, variables = super()._get_torch_save_params()
+        return state_dicts, [*variables, "adam_step", "adam_first", "adam_second"]
+
+    @property
+    def optimizer_state(self) -> AdamState | None:
+        """The server's Adam state (``server_optimizer="adam"``), batch shape ``[1]``; ``None`` for ``"sgd"``."""
+        if self.server_optimizer != "adam":
+            return None
+        return AdamState(self.adam_step, self.adam_first, self.adam_second)
+
     def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
         """Save parameters, configuration and every random-stream state (SB3 zip format)."""
         self._extra_rng_state = {"server_traj": self.server_sampler.streams.state_dict(), "noise": self.noise_streams.state_dict()}
@@ -564,7 +582,8 @@ class FedPGBR(FederatedAlgorithm):
             theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
             self.optimizer_state,
         )
-        self.optimizer_state = info["optimizer_state"]
+        if info["optimizer_state"] is not None:
+            self.adam_step, self.adam_first, self.adam_second = info["optimizer_state"]
         self.policy.theta.data.copy_(new_theta[0])
         self.filter_history.append([bool(k) for k in info["kept"][0].tolist()])
         self.env_steps_per_agent += float(info["env_steps"].mean())

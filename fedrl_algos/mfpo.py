@@ -51,7 +51,7 @@ class ExponentialStepSize:
     The defaults are the paper's experimental step size ``α_t = 1e-4 × 0.99^(−t)`` (section VI-A3),
     which *grows* by 1 % a step, with a cap that the paper does not have: uncapped, α_t passes
     0.01 near t = 460 and a CartPole federation that had reached ~495 collapsed (measured; see the
-    docs page). The cap ``maximum=1e-3`` is reached at t = 232.
+    docs page). The cap ``maximum=1e-3`` is reached at t = 230.
 
     :param initial: α_0
     :param growth: factor per step (``1/0.99``: the paper; ``< 1``: a decaying schedule)

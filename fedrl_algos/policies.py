@@ -170,7 +170,9 @@ class MlpPolicy(_CategoricalMixin, FlatPolicy):
     The log standard deviation the policy acts with is that vector clamped to ``log_std_bounds``
     (SB3's SAC bounds, −20 and 2): with actions clipped by the environment, a policy gradient can
     otherwise push ``log_std`` without limit (bang-bang actions from a huge σ; measured on
-    Pendulum: log σ = 64 after 24 MFPO rounds, then NaN from ``exp(-log_std)²``).
+    Pendulum: log σ = 64 after 24 MFPO rounds, then NaN from ``exp(-log_std)²``). The clamp is
+    exact, gradient included: beyond a bound the objective does not depend on the parameter, so
+    its gradient is zero there and a parameter that steps past a bound stays where it is.
 
     :param observation_space: a flat ``Box``
     :param action_space: ``Discrete(A)`` or a ``Box``
@@ -218,9 +220,16 @@ class MlpPolicy(_CategoricalMixin, FlatPolicy):
         self.net_arch, self.activation_name, self.init_std = list(net_arch), activation, stds
         self.init_seed, self.log_std_init = int(init_seed), float(log_std_init)
         if log_std_bounds is not None:
-            if not (isinstance(log_std_bounds, Sequence) and len(log_std_bounds) == 2 and float(log_std_bounds[0]) < float(log_std_bounds[1])):
-                raise ValueError(f"log_std_bounds must be a pair (low, high) with low < high, or None, got {log_std_bounds!r}")
+            if not (
+                isinstance(log_std_bounds, Sequence)
+                and len(log_std_bounds) == 2
+                and all(math.isfinite(float(b)) for b in log_std_bounds)
+                and float(log_std_bounds[0]) < float(log_std_bounds[1])
+            ):
+                raise ValueError(f"log_std_bounds must be a pair of finite numbers (low, high) with low < high, or None, got {log_std_bounds!r}")
             log_std_bounds = (float(log_std_bounds[0]), float(log_std_bounds[1]))
+            if not log_std_bounds[0] <= self.log_std_init <= log_std_bounds[1]:
+                raise ValueError(f"log_std_init must lie in log_std_bounds {log_std_bounds}, got {self.log_std_init}")
         self.log_std_bounds = log_std_bounds
         self.action_dim = out_dim
         super().__init__(observation_space, action_space, dtype)

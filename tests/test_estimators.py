@@ -226,3 +226,7 @@ def test_gaussian_log_std_is_clamped_to_its_bounds():
     assert torch.isfinite(policy.log_prob(theta, obs, actions)).all()
     with pytest.raises(ValueError, match="log_std_bounds"):
         MlpPolicy(box, action_space, log_std_bounds=(2.0, -20.0))
+    with pytest.raises(ValueError, match="log_std_bounds"):
+        MlpPolicy(box, action_space, log_std_bounds=(-float("inf"), 2.0))
+    with pytest.raises(ValueError, match="log_std_init"):
+        MlpPolicy(box, action_space, log_std_init=5.0)  # would start with a zero gradient

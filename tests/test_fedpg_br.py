@@ -381,6 +381,11 @@ def test_adam_server_batched_equals_class_and_survives_save_load(tmp_path):
     model.save(tmp_path / "adam.zip")
     loaded = FedPGBR.load(tmp_path / "adam.zip", device="cpu")
     assert loaded.server_optimizer == "adam" and torch.equal(loaded.optimizer_state.second, model.optimizer_state.second)
+    # saved as torch variables (mapped to the load device), not pickled with the configuration
+    import zipfile
+
+    assert "adam_second" not in zipfile.ZipFile(tmp_path / "adam.zip").read("data").decode()
+    assert loaded.optimizer_state.first.device == loaded.device
     model.learn(total_rounds=2, reset_num_timesteps=False)
     loaded.learn(total_rounds=2, reset_num_timesteps=False)
     assert torch.equal(loaded.theta, model.theta)
@@ -389,6 +394,12 @@ def test_adam_server_batched_equals_class_and_survives_save_load(tmp_path):
 def test_bad_server_optimizer_raises():
     with pytest.raises(ValueError, match="server_optimizer"):
         _grid(server_optimizer="rmsprop")
+    from fedrl_algos.reproduce.mfpo import MethodConfig
+
+    with pytest.raises(ValueError, match="server_optimizer"):
+        MethodConfig(server_optimizer="Adam")
+    with pytest.raises(ValueError, match="server_lr"):
+        MethodConfig(server_lr=0.0)
 
 
 @pytest.mark.slow

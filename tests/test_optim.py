@@ -43,3 +43,13 @@ def test_check_server_optimizer():
     assert check_server_optimizer("server_optimizer", "adam") == "adam"
     with pytest.raises(ValueError, match="server_optimizer"):
         check_server_optimizer("server_optimizer", "rmsprop")
+
+
+def test_mismatched_shapes_raise():
+    theta = torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="moments"):
+        adam_ascent(theta, torch.ones(3, 4), AdamState.zeros_like(torch.zeros(1, 4)), 0.1)
+    with pytest.raises(ValueError, match="state.step"):
+        adam_ascent(theta, torch.ones(3, 4), AdamState(torch.zeros(1), torch.zeros(3, 4), torch.zeros(3, 4)), 0.1)
+    with pytest.raises(ValueError, match="direction"):
+        adam_ascent(theta, torch.ones(3, 5), AdamState.zeros_like(theta), 0.1)

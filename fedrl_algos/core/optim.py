@@ -64,6 +64,13 @@ def adam_ascent(
     :param active: ``[*R]`` bool; rows where it is ``False`` keep their parameters and state
     :return: new parameters and state
     """
+    if direction.shape != theta.shape or state.first.shape != theta.shape or state.second.shape != theta.shape:
+        raise ValueError(
+            f"direction and the state's moments must have theta's shape {tuple(theta.shape)}, got direction "
+            f"{tuple(direction.shape)}, first {tuple(state.first.shape)}, second {tuple(state.second.shape)}"
+        )
+    if state.step.shape != theta.shape[:-1]:
+        raise ValueError(f"state.step must have theta's batch shape {tuple(theta.shape[:-1])}, got {tuple(state.step.shape)}")
     beta1, beta2 = betas
     step = state.step + 1
     first = beta1 * state.first + (1 - beta1) * direction

@@ -34,7 +34,7 @@ from fedrl_algos.attacks import AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
 from fedrl_algos.core.meta import GradientEstimator, aggregate
-from fedrl_algos.core.optim import AdamState, adam_ascent
+from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.mfpo import ExponentialStepSize, MFPOState, MFPOUpdate, MomentumSchedule
 from fedrl_algos.policies import MlpPolicy
@@ -105,6 +105,13 @@ class MethodConfig:
     eval_trajectories: int = 5
     evaluations: int = 40
     eval_every: int = 1
+
+    def __post_init__(self) -> None:
+        check_server_optimizer("server_optimizer", self.server_optimizer)
+        for name in ("server_lr", "fedpg_br_lr"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
     def describe(self) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k not in ("step_size", "momentum")}
@@ -244,9 +251,11 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     """FedAvg-PG: K local steps ``θ ← θ + α_t ĝ`` (GPOMDP, D trajectories) per agent, then the average.
 
     With ``attack``, the agents in ``byzantine`` apply it to every local direction. With
-    ``cfg.server_optimizer == "adam"`` the server takes an Adam step (``cfg.server_lr``) along
-    ``mean_k θ_k − θ`` instead of adopting the average; with K = 1 that is Adam on the averaged
-    GPOMDP gradient, the unprotected baseline of FedPG-BR's experiments.
+    ``cfg.server_optimizer == "adam"`` the server takes an Adam step (``cfg.server_lr``) along the
+    round's average local direction ``(mean_k θ_k − θ) / Σ_t α_t`` instead of adopting the average
+    (divided by the local step sizes so that α_t's growth does not change what Adam sees); with
+    K = 1 that is Adam on the averaged GPOMDP gradient, the unprotected baseline of FedPG-BR's
+    experiments.
     """
     cfg = pop.cfg
     counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories))
@@ -261,13 +270,15 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     while going:
         local = pop.federation.broadcast(theta)
         counting.steps = 0.0
+        step_sum = 0.0
         for _ in range(cfg.local_steps):
             t += 1
+            step_sum += cfg.step_size(t)
             local = local + cfg.step_size(t) * estimator(pop.federation.sampler, local)
         if adam is None:
             theta = aggregate(local)
         else:
-            theta, adam = adam_ascent(theta, aggregate(local) - theta, adam, cfg.server_lr)
+            theta, adam = adam_ascent(theta, (aggregate(local) - theta) / step_sum, adam, cfg.server_lr)
         going = curve.advance(counting.steps.mean(-1), cfg.local_steps * cfg.n_trajectories)
         if curve.due(going):
             curve.record(theta)
@@ -693,9 +704,9 @@ class ByzantineExperiment(Experiment):
             "Returns are undiscounted evaluation returns of the server policy, averaged over the 10 heterogeneous agents' tasks.",
             "Byzantine agents are agents 0, 1, 2. Random noise: g + U(-1, 1)·3·(max g - min g) per coordinate; "
             "sign flipping: -2.5·g.",
-            "Both methods step the server with Adam (step size 1e-3), as FedPG-BR's experiments do; FedAvg-PG is the "
-            "unprotected baseline of those experiments: every round the server averages one GPOMDP gradient from 16 "
-            "trajectories per agent (K = 1).",
+            f"Both methods step the server with Adam (step size {cfg.fedpg_br_lr:g} for FedPG-BR, {cfg.server_lr:g} for "
+            "FedAvg-PG), as FedPG-BR's experiments do; FedAvg-PG is the unprotected baseline of those experiments: every "
+            f"round the server averages one GPOMDP gradient from {cfg.n_trajectories} trajectories per agent (K = {cfg.local_steps}).",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
         settings = {**opts, "methods": cfg.describe(), "byzantine_agents": list(self.byzantine_agents), "gamma": GAMMA,
