@@ -268,21 +268,31 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     curve.record(theta)
     going, t = True, 0
     while going:
-        local = pop.federation.broadcast(theta)
         counting.steps = 0.0
-        step_sum = 0.0
-        for _ in range(cfg.local_steps):
-            t += 1
-            step_sum += cfg.step_size(t)
-            local = local + cfg.step_size(t) * estimator(pop.federation.sampler, local)
-        if adam is None:
-            theta = aggregate(local)
-        else:
-            theta, adam = adam_ascent(theta, (aggregate(local) - theta) / step_sum, adam, cfg.server_lr)
+        theta, adam = fedavg_round(pop, estimator, theta, t, adam)
+        t += cfg.local_steps
         going = curve.advance(counting.steps.mean(-1), cfg.local_steps * cfg.n_trajectories)
         if curve.due(going):
             curve.record(theta)
     return curve.points
+
+
+def fedavg_round(pop: Population, estimator: GradientEstimator, theta: torch.Tensor, step: int,
+                 adam: AdamState | None = None) -> tuple[torch.Tensor, AdamState | None]:
+    """One FedAvg-PG round from server parameters ``theta [R, d]`` after ``step`` local steps.
+
+    :return: the new server parameters and Adam's state (``None`` without Adam): the average of
+        the agents' models, or with ``adam`` an Adam step along ``(mean_k θ_k − θ) / Σ_t α_t``
+    """
+    cfg = pop.cfg
+    local = pop.federation.broadcast(theta)
+    step_sum = 0.0
+    for t in range(step + 1, step + cfg.local_steps + 1):
+        step_sum += cfg.step_size(t)
+        local = local + cfg.step_size(t) * estimator(pop.federation.sampler, local)
+    if adam is None:
+        return aggregate(local), None
+    return adam_ascent(theta, (aggregate(local) - theta) / step_sum, adam, cfg.server_lr)
 
 
 def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine: Sequence[int] = (), use_filter: bool = True,
