@@ -269,3 +269,22 @@ def test_cli_lists_mfpo_experiments_and_takes_env(tmp_path, capsys):
     assert main(["reproduce", "byzantine", "--quick", "--env", "cartpole", "--out", str(tmp_path), "--no-progress"]) == 0
     assert (tmp_path / "byzantine" / "results.json").exists()
     assert main(["reproduce", "alpha", "--quick", "--env", "cartpole", "--out", str(tmp_path), "--no-progress"]) == 2
+
+
+def test_cli_budget_flags_configure_only_the_experiments_that_take_them(tmp_path, capsys):
+    from fedrl_algos.reproduce import EXPERIMENTS
+
+    mfpo = EXPERIMENTS["mfpo"]
+    before = dict(mfpo.options)
+    try:
+        assert main(["reproduce", "mfpo", "--quick", "--budget", "2e5", "--sb3-budget", "1e4", "--no-sweeps",
+                     "--out", str(tmp_path), "--no-progress"]) == 0
+        assert mfpo.options["budget"] == 2e5 and mfpo.options["sb3_budget"] == 1e4 and mfpo.options["sweeps"] is False
+        assert main(["reproduce", "byzantine", "--quick", "--no-sweeps", "--out", str(tmp_path), "--no-progress"]) == 2
+        assert "--no-sweeps applies to mfpo, not byzantine" in capsys.readouterr().err
+        assert main(["reproduce", "alpha", "--quick", "--budget", "1e5", "--out", str(tmp_path), "--no-progress"]) == 2
+        with pytest.raises(SystemExit):
+            main(["reproduce", "mfpo", "--budget", "-3"])
+    finally:
+        mfpo.options.clear()
+        mfpo.options.update(before)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos._cli_args import positive_float, positive_int
 
 __all__ = ["register", "cmd_reproduce", "DEFAULT_SEEDS", "QUICK_SEEDS"]
 
@@ -35,12 +35,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         names = [name for name, exp in EXPERIMENTS.items() if getattr(exp, "include_in_all", True)]
     else:
         names = [args.experiment]
-    if args.env is not None:
-        for name in names:
-            if not hasattr(EXPERIMENTS[name], "configure"):
-                print(f"fedrl reproduce: --env applies to experiments with an env option (mfpo, byzantine), not {name}", file=sys.stderr)
+    # Options of the configurable experiments (mfpo, byzantine), by the flag that sets them.
+    flags = {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
+             "--no-sweeps": ("sweeps", False if args.no_sweeps else None)}
+    chosen = {flag: pair for flag, pair in flags.items() if pair[1] is not None}
+    for name in names:
+        options = getattr(EXPERIMENTS[name], "options", {})
+        for flag, (key, _) in chosen.items():
+            if key not in options:
+                takers = sorted(n for n, e in EXPERIMENTS.items() if key in getattr(e, "options", {}))
+                print(f"fedrl reproduce: {flag} applies to {', '.join(takers)}, not {name}", file=sys.stderr)
                 return 2
-            EXPERIMENTS[name].configure(env=args.env)
+    if chosen:
+        for name in names:
+            EXPERIMENTS[name].configure(**{key: value for key, value in chosen.values()})
     seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
     out = Path(args.out)
     progress = not args.no_progress
@@ -77,6 +85,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="fedrl_out", metavar="DIR", help="output directory (default fedrl_out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--env", choices=["cartpole", "pendulum"], default=None, help="family of the mfpo / byzantine experiments (default cartpole)")
+    parser.add_argument("--budget", type=positive_float, default=None, metavar="STEPS",
+                        help="environment steps per agent of the mfpo / byzantine runs (default 1e6)")
+    parser.add_argument("--sb3-budget", type=positive_float, default=None, metavar="STEPS",
+                        help="steps per agent of mfpo's Fed-DQN / Fed-SAC (default: --budget)")
+    parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
     parser.set_defaults(func=cmd_reproduce)
 
 
