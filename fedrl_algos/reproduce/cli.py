@@ -66,13 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from fedrl_algos.reproduce import EXPERIMENTS
 
     lines = [f"  {name:16s} {exp.description}" for name, exp in EXPERIMENTS.items()]
+    excluded = [name for name, exp in EXPERIMENTS.items() if not getattr(exp, "include_in_all", True)]
     parser = subparsers.add_parser(
         "reproduce",
-        help="rerun an experiment of the Per-FedAvg-PG paper (results.json, PNG figures, report.md)",
-        description="Rerun an experiment of the Per-FedAvg-PG paper with its configuration, batched over seeds. "
+        help="rerun an experiment of the Per-FedAvg-PG or MFPO paper (results.json, PNG figures, report.md)",
+        description="Rerun an experiment of the Per-FedAvg-PG or MFPO paper with its configuration, batched over seeds. "
         "Writes results.json (flat records), PNG figures and report.md (this run next to the paper's numbers) "
         "under OUT/<experiment>/.",
-        epilog="experiments:\n" + "\n".join(lines) + "\n  all              every Per-FedAvg-PG experiment above, in this order",
+        epilog="experiments:\n" + "\n".join(lines) + f"\n  all              every experiment above except {' and '.join(excluded)} (hours at full size), in this order",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"], metavar="EXPERIMENT", help="an experiment name or 'all'")
