@@ -61,4 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m fedrl_algos.cli``: run the imported module's main, whose command registry the
+    # sub-command modules (``fedrl reproduce``) extend; this ``__main__`` copy has its own, empty one.
+    from fedrl_algos.cli import main as _main
+
+    sys.exit(_main())

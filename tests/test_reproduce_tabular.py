@@ -288,3 +288,11 @@ def test_cli_budget_flags_configure_only_the_experiments_that_take_them(tmp_path
     finally:
         mfpo.options.clear()
         mfpo.options.update(before)
+
+
+def test_python_dash_m_cli_has_the_reproduce_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "fedrl_algos.cli", "reproduce", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--budget" in done.stdout

@@ -170,16 +170,12 @@ def mlp_rollout(
     uniforms drawn in one call and the network's transformed weights computed once instead of at
     every step: about half the per-step operations, which is what small batches pay for.
     """
-    from fedrl_algos.core.rollout import Trajectories
+    from fedrl_algos.core.rollout import Trajectories, check_rollout_batch
     from fedrl_envs.core import repeat_params
 
     _check(policy)
     batch = theta.shape[:-1]
-    if tuple(streams.batch_shape) != tuple(batch):
-        raise ValueError(f"streams must have batch shape {tuple(batch)} (that of theta), got {tuple(streams.batch_shape)}")
-    m = int(n_trajectories)
-    if m < 1:
-        raise ValueError(f"n_trajectories must be >= 1, got {m}")
+    m = check_rollout_batch(theta, streams, n_trajectories)
     rows = math.prod(batch)
     row_params = repeat_params(params, m)
     if horizon is None:

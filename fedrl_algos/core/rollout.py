@@ -38,6 +38,18 @@ class Trajectories(NamedTuple):
         return (self.rewards * self.mask * discount).sum(-1)
 
 
+def check_rollout_batch(theta: torch.Tensor, streams: RandomStreams, n_trajectories: int) -> int:
+    """The trajectory count ``m`` of a rollout with parameters ``theta [*B, d]`` and ``streams``,
+    after checking that the streams' batch shape is ``B`` and ``m >= 1`` (``ValueError`` otherwise)."""
+    batch = tuple(theta.shape[:-1])
+    if tuple(streams.batch_shape) != batch:
+        raise ValueError(f"streams must have batch shape {batch} (that of theta), got {tuple(streams.batch_shape)}")
+    m = int(n_trajectories)
+    if m < 1:
+        raise ValueError(f"n_trajectories must be >= 1, got {m}")
+    return m
+
+
 def rollout(
     family: TaskFamily,
     params: Any,
@@ -68,11 +80,7 @@ def rollout(
     :return: :class:`Trajectories` with axes ``[*B, m, T, ...]``
     """
     batch = theta.shape[:-1]
-    if tuple(streams.batch_shape) != tuple(batch):
-        raise ValueError(f"streams must have batch shape {tuple(batch)} (that of theta), got {tuple(streams.batch_shape)}")
-    m = int(n_trajectories)
-    if m < 1:
-        raise ValueError(f"n_trajectories must be >= 1, got {m}")
+    m = check_rollout_batch(theta, streams, n_trajectories)
     n_rows = 1
     for b in batch:
         n_rows *= b

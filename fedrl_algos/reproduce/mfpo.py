@@ -410,6 +410,20 @@ def _bar(enabled: bool, desc: str) -> Any:
     return tqdm(desc=desc, leave=False, dynamic_ncols=True, bar_format="{desc} {postfix} [{elapsed}]")
 
 
+
+def _timed(progress: bool, desc: str, wall: dict[str, float], train: Callable[[Any], Any]) -> Any:
+    """``train(bar)`` under a progress bar ``desc`` (closed afterwards); its wall time goes to ``wall[desc]``."""
+    import time
+
+    bar = _bar(progress, desc)
+    start = time.perf_counter()
+    try:
+        return train(bar)
+    finally:
+        wall[desc] = time.perf_counter() - start
+        if bar is not None:
+            bar.close()
+
 def _plot_curves(ax: Any, records: list[dict[str, Any]], key: str, group: str, label: Callable[[Any], str]) -> None:
     """Mean ± std over seeds of ``return`` against ``key`` for each value of ``group``."""
     values = []
@@ -428,6 +442,28 @@ def _plot_curves(ax: Any, records: list[dict[str, Any]], key: str, group: str, l
             ss.append(float(ret.std(unbiased=False)))
         line = ax.plot(xs, ms, label=label(v))[0]
         ax.fill_between(xs, [m - s for m, s in zip(ms, ss)], [m + s for m, s in zip(ms, ss)], color=line.get_color(), alpha=0.2)
+
+
+def _curves_figure(rows: list[dict[str, Any]], group: str, label: Callable[[Any], str], title: str, path: Path) -> Path:
+    """Return against environment steps per agent (left) and communication rounds (right), one
+    curve per value of ``group``; saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, key, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
+        _plot_curves(ax, rows, key, group, label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("evaluation return")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -479,21 +515,14 @@ class MFPOComparison(Experiment):
         base = {"experiment": self.name, "env": env}
         notes: list[str] = []
         wall: dict[str, float] = {}
-        import time
-
-        for method in ("MFPO", "FedAvg-PG", "FedPG-BR") if opts["comparison"] else ():
+        trainers: dict[str, Callable[[Population, Any], list[dict[str, Any]]]] = {
+            "MFPO": lambda pop, bar: train_mfpo(pop, opts["budget"], opts["rounds"], bar=bar),
+            "FedAvg-PG": lambda pop, bar: train_fedavg(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar),
+            "FedPG-BR": lambda pop, bar: train_fedpg_br(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar)[0],
+        }
+        for method, train in trainers.items() if opts["comparison"] else ():
             pop = Population(env, seed_list, 10, cfg, device)
-            bar = _bar(progress, f"mfpo: {method}")
-            start = time.perf_counter()
-            if method == "MFPO":
-                points = train_mfpo(pop, opts["budget"], opts["rounds"], bar=bar)
-            elif method == "FedAvg-PG":
-                points = train_fedavg(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar)
-            else:
-                points, _ = train_fedpg_br(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar)
-            wall[method] = time.perf_counter() - start
-            if bar is not None:
-                bar.close()
+            points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar))
             records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=10, local_steps=cfg.local_steps)
         missing = {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"}
         for method in ("Fed-DQN", "Fed-SAC"):
@@ -507,32 +536,19 @@ class MFPOComparison(Experiment):
                 import fedrl_algos.fed_sb3  # noqa: F401
             except ImportError:
                 continue
-            start = time.perf_counter()
-            rows = train_sb3_baseline(method, env, seed_list, opts["sb3_budget"], device=device)
-            wall[method] = time.perf_counter() - start
+            rows = _timed(False, method, wall, lambda _, method=method: train_sb3_baseline(method, env, seed_list, opts["sb3_budget"], device=device))
             records += [{**base, "part": "comparison", "method": method, "n_agents": 10, "local_steps": None, **r} for r in rows]
             missing.pop(method)
         self._missing = missing
         if opts["sweeps"]:
-            for n in self.agent_counts:
-                pop = Population(env, seed_list, n, cfg, device)
-                bar = _bar(progress, f"mfpo: N={n}")
-                start = time.perf_counter()
-                points = train_mfpo(pop, opts["sweep_budget"], opts["sweep_rounds"], bar=bar)
-                wall[f"MFPO N={n}"] = time.perf_counter() - start
-                if bar is not None:
-                    bar.close()
-                records += _records(points, seed_list, **base, part="agents_sweep", method="MFPO", n_agents=n, local_steps=cfg.local_steps)
-            for k in self.local_step_counts:
+            settings = [("agents_sweep", n, cfg.local_steps) for n in self.agent_counts]
+            settings += [("local_steps_sweep", 10, k) for k in self.local_step_counts]
+            for part, n, k in settings:
                 sweep_cfg = MethodConfig(**{**vars(cfg), "local_steps": k if not quick else min(k, 2)})
-                pop = Population(env, seed_list, 10, sweep_cfg, device)
-                bar = _bar(progress, f"mfpo: K={k}")
-                start = time.perf_counter()
-                points = train_mfpo(pop, opts["sweep_budget"], opts["sweep_rounds"], bar=bar)
-                wall[f"MFPO K={k}"] = time.perf_counter() - start
-                if bar is not None:
-                    bar.close()
-                records += _records(points, seed_list, **base, part="local_steps_sweep", method="MFPO", n_agents=10, local_steps=k)
+                pop = Population(env, seed_list, n, sweep_cfg, device)
+                desc = f"MFPO N={n}" if part == "agents_sweep" else f"MFPO K={k}"
+                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, opts["sweep_budget"], opts["sweep_rounds"], bar=bar))
+                records += _records(points, seed_list, **base, part=part, method="MFPO", n_agents=n, local_steps=k)
         table = self._table(records, env, quick)
         notes += [
             "Fed-DQN and Fed-SAC are issue 7's federated SB3 baselines (FedAvgSB3, parameter averaging of SB3 DQN/SAC); "
@@ -590,44 +606,19 @@ class MFPOComparison(Experiment):
         return rows
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         paths = []
         comp = [r for r in output.records if r["part"] == "comparison"]
         env = output.settings.get("env", "cartpole")
         if comp:
-            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-            for ax, key, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
-                _plot_curves(ax, comp, key, "method", str)
-                ax.set_xlabel(xlabel)
-                ax.set_ylabel("evaluation return")
-                ax.grid(alpha=0.3)
-            axes[0].legend(fontsize=8)
-            fig.suptitle(f"heterogeneous {env}: 10 agents, K = 10, D = 20 (mean ± std over seeds)")
-            fig.tight_layout()
-            paths.append(out_dir / f"mfpo_{env}_comparison.png")
-            fig.savefig(paths[-1], dpi=120)
-            plt.close(fig)
+            paths.append(_curves_figure(comp, "method", str, f"heterogeneous {env}: 10 agents, K = 10, D = 20 (mean ± std over seeds)",
+                                        out_dir / f"mfpo_{env}_comparison.png"))
         for part, key, title, name in (("agents_sweep", "n_agents", "number of agents N (fig. 5)", "agents"),
                                         ("local_steps_sweep", "local_steps", "local steps K (fig. 6)", "local_steps")):
             rows = [r for r in output.records if r["part"] == part]
-            if not rows:
-                continue
-            fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-            for ax, xkey, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
-                _plot_curves(ax, rows, xkey, key, lambda v, k=key: f"{'N' if k == 'n_agents' else 'K'} = {v}")
-                ax.set_xlabel(xlabel)
-                ax.set_ylabel("evaluation return")
-                ax.grid(alpha=0.3)
-            axes[0].legend(fontsize=8)
-            fig.suptitle(f"MFPO on heterogeneous {env}: {title}")
-            fig.tight_layout()
-            paths.append(out_dir / f"mfpo_{env}_{name}.png")
-            fig.savefig(paths[-1], dpi=120)
-            plt.close(fig)
+            if rows:
+                symbol = "N" if key == "n_agents" else "K"
+                paths.append(_curves_figure(rows, key, lambda v, c=symbol: f"{c} = {v}", f"MFPO on heterogeneous {env}: {title}",
+                                            out_dir / f"mfpo_{env}_{name}.png"))
         return paths
 
 
@@ -662,8 +653,6 @@ class ByzantineExperiment(Experiment):
         return self
 
     def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        import time
-
         opts = dict(self.options)
         # FedPG-BR's experimental protocol: an Adam server for both methods, and as the unprotected
         # baseline the server averaging one GPOMDP gradient per agent and round (FedAvg-PG with
@@ -683,17 +672,13 @@ class ByzantineExperiment(Experiment):
             for attack in self.attacks:
                 byz = () if attack == "none" else self.byzantine_agents
                 pop = Population(env, seed_list, 10, cfg, device)
-                bar = _bar(progress, f"byzantine: {method} / {attack}")
-                start = time.perf_counter()
+                attacked = None if attack == "none" else attack
                 if method == "FedPG-BR":
-                    points, stats = train_fedpg_br(pop, opts["budget"], None if attack == "none" else attack, byz,
-                                                   max_rounds=opts["rounds"], bar=bar)
-                    filter_stats[attack] = stats
+                    points, filter_stats[attack] = _timed(progress, f"{method} / {attack}", wall, lambda bar, pop=pop, a=attacked, b=byz: train_fedpg_br(
+                        pop, opts["budget"], a, b, max_rounds=opts["rounds"], bar=bar))
                 else:
-                    points = train_fedavg(pop, opts["budget"], None if attack == "none" else attack, byz, max_rounds=opts["rounds"], bar=bar)
-                wall[f"{method} / {attack}"] = time.perf_counter() - start
-                if bar is not None:
-                    bar.close()
+                    points = _timed(progress, f"{method} / {attack}", wall, lambda bar, pop=pop, a=attacked, b=byz: train_fedavg(
+                        pop, opts["budget"], a, b, max_rounds=opts["rounds"], bar=bar))
                 records += _records(points, seed_list, experiment=self.name, part="byzantine", env=env, method=method, attack=attack,
                                     n_byzantine=len(byz), n_agents=10)
         table = []
