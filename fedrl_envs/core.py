@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from fedrl_envs.rng import RandomStreams, derive_keys
+from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 
 __all__ = [
     "TaskFamily",
@@ -31,6 +31,9 @@ __all__ = [
     "repeat_params",
     "params_to",
     "index_params",
+    "check_int",
+    "check_device",
+    "alive_mask",
 ]
 
 P = TypeVar("P")
@@ -52,6 +55,22 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> i
         allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {allowed}, got {value}")
     return int(value)
+
+
+def alive_mask(terminated: torch.Tensor) -> torch.Tensor:
+    """Which steps of fixed-horizon episodes really happened: ``[..., T]`` bool.
+
+    Step ``t`` is alive when no step before it terminated (the terminating step itself is alive:
+    its action was taken and its reward earned). This is the one definition of the episode mask;
+    rollouts that stop stepping an episode, or pad it after termination, all derive it here.
+
+    :param terminated: termination flag of every step ``[..., T]`` (bool or 0/1)
+    """
+    done = terminated.to(torch.bool)
+    alive = torch.ones_like(done)
+    if done.shape[-1] > 1:
+        alive[..., 1:] = (~done[..., :-1]).to(torch.int64).cumprod(-1).to(torch.bool)
+    return alive
 
 
 def check_device(device: Any, name: str = "device") -> torch.device:
@@ -397,7 +416,7 @@ class FamilyVectorEnv(VectorEnv):
 
     def _make_streams(self, seed: int | None) -> RandomStreams:
         if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 2)
+            seed = seed_from_entropy()
         return RandomStreams(derive_keys(seed, torch.arange(self.n_agents)), self.device)
 
     # --- helpers -------------------------------------------------------------------------------

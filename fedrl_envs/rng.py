@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RandomStreams", "mix64", "derive_keys"]
+__all__ = ["RandomStreams", "mix64", "derive_keys", "seed_from_entropy"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -38,6 +38,21 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     x = (x ^ _shr(x, 30)) * _MUL1
     x = (x ^ _shr(x, 27)) * _MUL2
     return x ^ _shr(x, 31)
+
+
+def seed_from_entropy(bits: int = 62) -> int:
+    """A fresh non-negative seed of ``bits`` bits from the operating system's entropy (for ``seed=None``).
+
+    62 bits (the default) keep every derived quantity inside int64; SB3's ``set_random_seed`` needs
+    ``bits <= 32`` (NumPy's legacy seeding takes 32-bit seeds).
+
+    :param bits: number of random bits, 1 to 64
+    """
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 64:
+        raise ValueError(f"bits must be an int in [1, 64], got {bits!r}")
+    import numpy as np
+
+    return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) >> (64 - bits)
 
 
 def _wrap_int64(value: Any) -> Any:

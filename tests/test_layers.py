@@ -1,0 +1,194 @@
+"""The package layering stays as designed: no import cycles, and a leaf functional core.
+
+An AST walk over ``fedrl_envs``, ``wrappers`` and ``fedrl_algos`` collects every import, at module
+level *and inside functions* (only ``if TYPE_CHECKING:`` blocks are skipped: they never run), and
+resolves it to a module of the project. Then:
+
+* the graph "module A imports module B" has no cycle;
+* no module of ``fedrl_algos.core`` imports anything of ``fedrl_algos`` outside ``core``;
+* ``fedrl_envs`` imports neither ``wrappers`` nor ``fedrl_algos``; ``wrappers`` does not import
+  ``fedrl_algos`` (envs → wrappers → core → policies → algorithms → reproduce/CLI);
+* no algorithm package imports another one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("fedrl_envs", "wrappers", "fedrl_algos")
+#: one package per algorithm; none may import another
+# The restructuring of issue 11 is in progress: these hold once it has landed (strict, so that the
+# marker has to go as soon as they pass).
+_IN_PROGRESS = pytest.mark.xfail(strict=True, reason="issue 11: restructuring in progress")
+
+ALGORITHM_PACKAGES = (
+    "fedrl_algos.per_fedavg_pg",
+    "fedrl_algos.fedavg_pg",
+    "fedrl_algos.independent_pg",
+    "fedrl_algos.mfpo",
+    "fedrl_algos.fedpg_br",
+    "fedrl_algos.fedavg_sb3",
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the three packages by dotted name."""
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
+    """Project modules that ``module`` imports anywhere (but under ``if TYPE_CHECKING:``)."""
+    found: set[str] = set()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = resolve(alias.name)
+                if target:
+                    found.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module if is_package else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                # ``from pkg import submodule`` imports the submodule; ``from mod import name`` the module
+                target = resolve(f"{source}.{alias.name}") if f"{source}.{alias.name}" in modules else resolve(source)
+                if target:
+                    found.add(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(module)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {
+        name: _imports(ast.parse(path.read_text()), name, path.name == "__init__.py", modules)
+        for name, path in modules.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = [0]
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    return components
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@_IN_PROGRESS
+def test_no_import_cycles() -> None:
+    cycles = _cycles(import_graph())
+    assert not cycles, "import cycles (counting imports inside functions): " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+@_IN_PROGRESS
+def test_core_is_a_leaf() -> None:
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in import_graph().items()
+        if _within(m, "fedrl_algos.core")
+        for t in sorted(targets)
+        if _within(t, "fedrl_algos") and not _within(t, "fedrl_algos.core")
+    ]
+    assert not bad, "fedrl_algos.core must import nothing of fedrl_algos outside core: " + "; ".join(bad)
+
+
+def test_lower_layers_do_not_import_upper_ones() -> None:
+    graph = import_graph()
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        for t in sorted(targets)
+        if (_within(m, "fedrl_envs") and not _within(t, "fedrl_envs"))
+        or (_within(m, "wrappers") and _within(t, "fedrl_algos"))
+    ]
+    assert not bad, "; ".join(bad)
+
+
+@_IN_PROGRESS
+def test_algorithms_do_not_import_each_other() -> None:
+    graph = import_graph()
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        for t in sorted(targets)
+        for a in ALGORITHM_PACKAGES
+        for b in ALGORITHM_PACKAGES
+        if a != b and _within(m, a) and _within(t, b)
+    ]
+    assert not bad, "; ".join(bad)
+
+
+def test_the_walk_sees_function_level_imports() -> None:
+    """The checker itself: an import inside a function counts, one under TYPE_CHECKING does not."""
+    source = "def f():\n    from pkg.b import x\nif TYPE_CHECKING:\n    import pkg.c\n"
+    modules = {"pkg": Path("."), "pkg.a": Path("."), "pkg.b": Path("."), "pkg.c": Path(".")}
+    assert _imports(ast.parse(source), "pkg.a", False, modules) == {"pkg.b"}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
