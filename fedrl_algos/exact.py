@@ -27,7 +27,7 @@ import torch
 from fedrl_envs import get_family, stack_params
 from fedrl_envs.core import TaskFamily
 
-__all__ = ["TabularEvaluator"]
+__all__ = ["TabularEvaluator", "has_exact_model"]
 
 _T = TypeVar("_T")
 
@@ -54,6 +54,22 @@ def _single_threaded(method: Callable[..., _T]) -> Callable[..., _T]:
             torch.set_num_threads(threads)
 
     return wrapper
+
+
+def has_exact_model(family: Any) -> bool:
+    """Whether ``family`` exposes the exact tabular model that :class:`TabularEvaluator` plans with:
+    ``start_distribution``, ``reward_vector``, ``horizon`` and ``next_state_table`` or ``transition_tensor``.
+
+    The one place that decides whether a family is tabular (the algorithms log exact objectives
+    for those families and Monte Carlo estimates for the others).
+
+    :param family: a task family
+    """
+    has = {
+        name: callable(getattr(family, name, None))
+        for name in ("start_distribution", "reward_vector", "next_state_table", "transition_tensor", "horizon")
+    }
+    return has["start_distribution"] and has["reward_vector"] and has["horizon"] and (has["next_state_table"] or has["transition_tensor"])
 
 
 class TabularEvaluator:
@@ -127,16 +143,7 @@ class TabularEvaluator:
                 raise ValueError(f"env_id_or_family: {err}") from None
         else:
             family = env_id_or_family
-        has = {
-            name: callable(getattr(family, name, None))
-            for name in ("start_distribution", "reward_vector", "next_state_table", "transition_tensor", "horizon")
-        }
-        if not (
-            has["start_distribution"]
-            and has["reward_vector"]
-            and has["horizon"]
-            and (has["next_state_table"] or has["transition_tensor"])
-        ):
+        if not has_exact_model(family):
             name = getattr(family, "env_id", type(family).__name__)
             raise ValueError(
                 "env_id_or_family must be a tabular family exposing its exact model (start_distribution, "

@@ -1,16 +1,17 @@
-"""Policy-gradient and policy-Hessian estimators (paper section 2, eq. (2)–(3)).
+"""Policy-gradient and policy-Hessian estimators (Per-FedAvg-PG paper, section 2, eq. (2)–(3)).
 
 Notation: a trajectory ξ = (s_0, a_0, …, s_H, a_H); ``R^h = Σ_{t ≥ h} γ^t r_t`` is the reward-to-go
 with *absolute* discounting (as in the paper, so that E[g] = ∇J exactly); ``ν(ξ; θ) = Σ_h log π(a_h|s_h) R^h``
 and ``log q(ξ; θ) = Σ_h log π(a_h|s_h) + const``. Then
 
-* ``g(ξ; θ) = ∇ν = Σ_h ∇log π(a_h|s_h) R^h`` with ``E[g] = ∇J``;
-* ``u(ξ; θ) = g ∇log qᵀ + ∇²ν`` with ``E[u] = ∇²J``.
+* ``g(ξ; θ) = ∇ν = Σ_h ∇log π(a_h|s_h) R^h`` with ``E[g] = ∇J`` (eq. (2));
+* ``u(ξ; θ) = g ∇log qᵀ + ∇²ν`` with ``E[u] = ∇²J`` (eq. (3)).
 
-``u`` is never formed: :func:`hessian_vector_product` returns the batch mean of ``u(ξ)·v`` either by
-autograd (a forward-mode JVP of ``log q`` along ``v`` for the rank-one part, a double backward for
-``∇²ν·v``; any policy) or in closed form for the tabular softmax (:func:`tabular_hvp`) and the
-one-hidden-layer softmax MLP (:func:`fedrl_algos.core.mlp_hvp.mlp_hvp`).
+Both are sums weighted per step by ``ψ_h`` (here ``ψ_h = R^h``; GPOMDP and REINFORCE with baselines
+use other weights, :mod:`fedrl_algos.core.gpomdp`). The policy computes them —
+:meth:`~fedrl_algos.core.protocols.FlatPolicyProtocol.score_gradient` and ``hvp`` — by the autograd
+functions of this module (:func:`autograd_score_gradient`, :func:`autograd_hvp`; any policy) unless
+it has a closed form (the tabular softmax, the paper's softmax MLP). ``u`` is never formed.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from __future__ import annotations
 import torch
 from torch.func import jvp
 
-from fedrl_algos.core.rollout import Trajectories
-from fedrl_algos.core.tabular import probs_table
+from fedrl_algos.core.trajectories import Trajectories
 
 __all__ = [
     "discounted_rewards_to_go",
+    "reward_to_go_weights",
+    "masked_log_prob",
+    "autograd_score_gradient",
+    "autograd_hvp",
     "policy_gradient",
     "hessian_vector_product",
-    "autograd_hvp",
-    "tabular_policy_gradient",
-    "tabular_hvp",
 ]
 
 
@@ -39,158 +40,118 @@ def discounted_rewards_to_go(rewards: torch.Tensor, gamma: float) -> torch.Tenso
     return discounted.flip(-1).cumsum(-1).flip(-1)
 
 
-def _is_tabular(policy: object) -> bool:
-    from fedrl_algos.policies import TabularPolicy
-
-    return isinstance(policy, TabularPolicy)
-
-
-def _is_softmax_mlp(policy: object) -> bool:
-    from fedrl_algos.core.mlp_hvp import is_softmax_mlp
-
-    return is_softmax_mlp(policy)
+def reward_to_go_weights(traj: Trajectories, gamma: float) -> torch.Tensor:
+    """The step weights of eq. (2) and (3), ``ψ_h = mask_h R^h``: ``[*B, m, T]``."""
+    return discounted_rewards_to_go(traj.rewards, gamma) * traj.mask
 
 
-def _masked_log_prob(policy, theta: torch.Tensor, traj: Trajectories) -> torch.Tensor:
-    return policy.log_prob(theta, traj.obs, traj.actions) * traj.mask
+def masked_log_prob(policy, theta: torch.Tensor, traj: Trajectories) -> torch.Tensor:
+    """``log π(a_h | s_h; θ)`` with 0 after termination: ``[*B, m, T]``.
 
-
-def policy_gradient(
-    policy, theta: torch.Tensor, traj: Trajectories, gamma: float, closed_form: bool | None = None
-) -> torch.Tensor:
-    """REINFORCE estimate ``(1/m) Σ_ξ g(ξ; θ)`` for every batch row: ``[*B, d]``.
-
-    :param policy: a flat policy
-    :param theta: parameters ``[*B, d]`` the trajectories were sampled with
-    :param traj: trajectories ``[*B, m, T, ...]``
-    :param gamma: discount
-    :param closed_form: use the closed form (default: whenever there is one — the tabular softmax,
-        or the one-hidden-layer softmax MLP of :mod:`fedrl_algos.core.mlp_hvp`)
+    ``torch.where`` (not a product with the mask) keeps a ``-inf`` log-probability of a step after
+    termination (states there are never reset and may leave the network's range) from becoming NaN.
     """
-    if closed_form is None:
-        closed_form = _is_tabular(policy) or _is_softmax_mlp(policy)
-    if closed_form:
-        if _is_softmax_mlp(policy):
-            from fedrl_algos.core.mlp_hvp import mlp_policy_gradient
+    logp = policy.log_prob(theta, traj.obs, traj.actions)
+    return torch.where(traj.mask > 0, logp, torch.zeros_like(logp))
 
-            return mlp_policy_gradient(policy, theta, traj, gamma)
-        return tabular_policy_gradient(policy, theta, traj, gamma)
-    reward_to_go = discounted_rewards_to_go(traj.rewards, gamma)
+
+def autograd_score_gradient(
+    policy,
+    theta: torch.Tensor,
+    traj: Trajectories,
+    weights: torch.Tensor,
+    traj_weights: torch.Tensor | None = None,
+    per_trajectory: bool = False,
+) -> torch.Tensor:
+    """``(1/m) Σ_j c_j Σ_h ψ_{j,h} ∇log π(a_{j,h}|s_{j,h}; θ)`` by one autograd call: ``[*B, d]``.
+
+    :param policy: any flat policy (only ``log_prob`` is used)
+    :param theta: parameters ``[*B, d]``
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param weights: step weights ``ψ [*B, m, T]``, treated as constants
+    :param traj_weights: per-trajectory weights ``c [*B, m]`` (default 1), treated as constants
+    :param per_trajectory: return the un-averaged per-trajectory terms ``c_j Σ_h ψ ∇log π``
+        ``[*B, m, d]`` instead (one autograd call: every trajectory gets its own copy of θ)
+    """
+    psi = weights.detach()
+    if traj_weights is not None:
+        psi = psi * traj_weights.detach().unsqueeze(-1)
+    m = traj.n_trajectories
     with torch.enable_grad():
+        if per_trajectory:
+            batch = theta.shape[:-1]
+            th = theta.detach().unsqueeze(-2).expand(*batch, m, theta.shape[-1]).contiguous().requires_grad_(True)
+            # Each trajectory is its own batch row with one "trajectory" of T steps.
+            one_each = Trajectories(
+                traj.obs.unsqueeze(len(batch) + 1), traj.actions.unsqueeze(len(batch) + 1), traj.rewards.unsqueeze(-2), traj.mask.unsqueeze(-2)
+            )
+            (grad,) = torch.autograd.grad((masked_log_prob(policy, th, one_each) * psi.unsqueeze(-2)).sum(), th)
+            return grad
         th = theta.detach().requires_grad_(True)
-        surrogate = (_masked_log_prob(policy, th, traj) * reward_to_go).sum()
-        (grad,) = torch.autograd.grad(surrogate, th)
-    return grad / traj.n_trajectories
+        (grad,) = torch.autograd.grad((masked_log_prob(policy, th, traj) * psi).sum(), th)
+    return grad / m
 
 
-def autograd_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float) -> torch.Tensor:
+def autograd_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``(1/m) Σ_ξ u(ξ; θ) v`` by automatic differentiation, for any policy: ``[*B, d]``.
 
-    :param policy: a flat policy
+    :param policy: any flat policy (only ``log_prob`` is used)
     :param theta: parameters ``[*B, d]`` the trajectories were sampled with
     :param traj: trajectories ``[*B, m, T, ...]``
     :param v: direction ``[*B, d]`` (or broadcastable to it)
-    :param gamma: discount
+    :param weights: step weights ``ψ [*B, m, T]`` of ``ν = Σ_h ψ_h log π(a_h|s_h)`` (eq. (3): ``R^h``)
 
     ``g(ξ)(∇log q(ξ)ᵀv)`` is ``∇_θ Σ_ξ c_ξ ν(ξ)`` with ``c_ξ = ∇log q(ξ)ᵀv`` held fixed, and ``c`` is
     one forward-mode JVP; ``∇²ν·v`` is the gradient of ``∇ν·v`` (double backward).
     """
-    reward_to_go = discounted_rewards_to_go(traj.rewards, gamma)
+    psi = weights.detach()
     # Forward-mode AD needs dense tensors (broadcast views share memory across rows).
     theta = theta.detach().contiguous()
     v = v.detach().to(theta.dtype).expand_as(theta).contiguous()
 
     def log_q(th: torch.Tensor) -> torch.Tensor:
-        return _masked_log_prob(policy, th, traj).sum(-1)
+        return masked_log_prob(policy, th, traj).sum(-1)
 
     _, directional = jvp(log_q, (theta,), (v,))
     with torch.enable_grad():
         th = theta.requires_grad_(True)
-        nu = (_masked_log_prob(policy, th, traj) * reward_to_go).sum(-1)
+        nu = (masked_log_prob(policy, th, traj) * psi).sum(-1)
         (grad_nu,) = torch.autograd.grad(nu.sum(), th, create_graph=True)
         total = (directional.detach() * nu).sum() + (grad_nu * v).sum()
         (hv,) = torch.autograd.grad(total, th)
     return hv / traj.n_trajectories
 
 
-def _tabular_index(policy, theta: torch.Tensor, traj: Trajectories) -> tuple[torch.Size, int, torch.Tensor, torch.Tensor]:
-    """``(batch, rows, pos, key)``: every sample's state row ``pos = row·S + s_h`` and cell ``key = pos·A + a_h``.
+def policy_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, closed_form: bool = True) -> torch.Tensor:
+    """The estimate of eq. (2), ``(1/m) Σ_ξ g(ξ; θ)``, for every batch row: ``[*B, d]``.
 
-    They index the flattened ``[rows·S]`` and ``[rows·S·A]`` tables, so the closed forms below are
-    1-D gathers and ``index_add_`` sums over samples plus a few ``[rows, S, A]`` table operations.
+    :param policy: a flat policy
+    :param theta: parameters ``[*B, d]`` the trajectories were sampled with
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param gamma: discount
+    :param closed_form: let the policy compute it (its closed form where it has one); ``False``
+        forces :func:`autograd_score_gradient` (for checks)
     """
-    batch = theta.shape[:-1]
-    n_rows = batch.numel()
-    offsets = torch.arange(n_rows, device=theta.device).unsqueeze(-1) * policy.n_states
-    pos = (traj.obs.long().reshape(n_rows, -1) + offsets).reshape(-1)
-    key = torch.add(traj.actions.long().reshape(-1), pos, alpha=policy.n_actions)
-    return batch, n_rows, pos, key
-
-
-def tabular_policy_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: float) -> torch.Tensor:
-    """Closed form of :func:`policy_gradient` for the tabular softmax: ``∇log π(a|s) = e_{s,a} − π(·|s)``.
-
-    With ``W[s, a] = Σ_{(ξ,h): s_h=s, a_h=a} R^h`` (one ``index_add_`` over the samples) and
-    ``W_s = Σ_a W[s, a]``, the sum ``Σ_{ξ,h} R^h (e_{s_h,a_h} − π(·|s_h))`` is ``W − W_s π(·|s)``:
-    the same estimate as summing the per-sample terms, in O(samples + S·A) work.
-    """
-    batch, n_rows, _, key = _tabular_index(policy, theta, traj)
-    s, a = policy.n_states, policy.n_actions
-    reward_to_go = discounted_rewards_to_go(traj.rewards, gamma) * traj.mask
-    w = torch.zeros(n_rows * s * a, dtype=reward_to_go.dtype, device=theta.device)
-    w = w.index_add_(0, key, reward_to_go.reshape(-1)).view(n_rows, s, a)
-    # softmax(θ[s, :]) per state, shared with the rollout that drew the batch (core.tabular)
-    probs = probs_table(policy, theta).reshape(n_rows, s, a)
-    grad = w - w.sum(-1, keepdim=True) * probs
-    return grad.reshape(*batch, s * a) / traj.n_trajectories
-
-
-def tabular_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float) -> torch.Tensor:
-    """Closed form of :func:`autograd_hvp` for the tabular softmax.
-
-    With ``π_s = π(·|s)``: ``∇log π(a|s)ᵀv = v[s,a] − π_s·v_s`` and
-    ``∇²log π(a|s) v = −(π_s ⊙ v_s − π_s (π_s·v_s))`` on row ``s`` (independent of ``a``). With
-    ``c_ξ = Σ_h (v[s_h,a_h] − π_{s_h}·v_{s_h})`` the per-sample weight ``R^h c_ξ`` multiplies the score
-    ``e_{s,a} − π_s`` and ``R^h`` multiplies the second term, so, as in :func:`tabular_policy_gradient`,
-    both sums over samples reduce to per-(s, a) sums: with ``U[s, a] = Σ R^h c_ξ`` and
-    ``W[s, a] = Σ R^h`` over the samples in cell (s, a), the estimate is
-    ``U − U_s π_s − W_s π_s ⊙ (v_s − π_s·v_s)``.
-    """
-    batch, n_rows, pos, key = _tabular_index(policy, theta, traj)
-    s, a = policy.n_states, policy.n_actions
-    reward_to_go = discounted_rewards_to_go(traj.rewards, gamma) * traj.mask
-    probs = probs_table(policy, theta).reshape(n_rows, s, a)
-    v_tab = v.to(theta.dtype).expand_as(theta).reshape(n_rows, s, a)
-    pv = (probs * v_tab).sum(-1, keepdim=True)  # π_s·v_s, [rows, S, 1]
-    score_dot_v = v_tab.reshape(-1).index_select(0, key) - pv.reshape(-1).index_select(0, pos)
-    c = (score_dot_v.view(traj.mask.shape) * traj.mask).sum(-1, keepdim=True)  # ∇log q(ξ)ᵀv, [*B, m, 1]
-    both = torch.stack([reward_to_go * c, reward_to_go]).reshape(2, -1)  # per-sample weights U, W
-    cells = torch.zeros(2, n_rows * s * a, dtype=both.dtype, device=theta.device)
-    cells = cells.index_add_(1, key, both).view(2, n_rows, s, a)
-    u, w = cells[0], cells[1]
-    hv = u - u.sum(-1, keepdim=True) * probs - w.sum(-1, keepdim=True) * probs * (v_tab - pv)
-    return hv.reshape(*batch, s * a) / traj.n_trajectories
+    weights = reward_to_go_weights(traj, gamma)
+    if not closed_form:
+        return autograd_score_gradient(policy, theta, traj, weights)
+    return policy.score_gradient(theta, traj, weights)
 
 
 def hessian_vector_product(
-    policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float, closed_form: bool | None = None
+    policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float, closed_form: bool = True
 ) -> torch.Tensor:
-    """``Ĥv = (1/m) Σ_ξ u(ξ; θ) v``, the paper's curvature estimate applied to ``v``: ``[*B, d]``.
+    """``Ĥv = (1/m) Σ_ξ u(ξ; θ) v``, the curvature estimate of eq. (3) applied to ``v``: ``[*B, d]``.
 
     :param policy: a flat policy
     :param theta: parameters ``[*B, d]`` the trajectories were sampled with
     :param traj: trajectories ``[*B, m, T, ...]``
     :param v: direction ``[*B, d]``
     :param gamma: discount
-    :param closed_form: use the closed form (default: whenever there is one — the tabular softmax,
-        or the one-hidden-layer softmax MLP of :mod:`fedrl_algos.core.mlp_hvp`)
+    :param closed_form: let the policy compute it (its closed form where it has one); ``False``
+        forces :func:`autograd_hvp` (for checks)
     """
-    if closed_form is None:
-        closed_form = _is_tabular(policy) or _is_softmax_mlp(policy)
-    if closed_form:
-        if _is_softmax_mlp(policy):
-            from fedrl_algos.core.mlp_hvp import mlp_hvp
-
-            return mlp_hvp(policy, theta, traj, v, gamma)
-        return tabular_hvp(policy, theta, traj, v, gamma)
-    return autograd_hvp(policy, theta, traj, v, gamma)
+    weights = reward_to_go_weights(traj, gamma)
+    if not closed_form:
+        return autograd_hvp(policy, theta, traj, v, weights)
+    return policy.hvp(theta, traj, v, weights)

@@ -13,13 +13,15 @@ from typing import Any
 
 import torch
 
+from fedrl_algos.core.aggregation import aggregate
+from fedrl_algos.core.directions import GradientEstimator, local_update
 from fedrl_algos.core.estimators import policy_gradient
-from fedrl_algos.core.meta import GradientEstimator, aggregate, local_update
-from fedrl_algos.core.rollout import Sampler, Trajectories, rollout
+from fedrl_algos.core.sampling import KernelSampler
+from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import TaskFamily, index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["Federation", "run_keys", "adapt_parameters"]
+__all__ = ["Federation", "run_keys", "adapt_parameters", "combine_seed"]
 
 # Stream indices within a run's seed: agents use 0..n-1; these offsets keep other consumers apart.
 _SERVER_STREAM = 1 << 40
@@ -59,8 +61,8 @@ class Federation:
         self.streams = RandomStreams(run_keys(self.seeds, self.n_agents), self.device)
         self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
         self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM), self.device)
-        self.sampler = Sampler(self.family, self.row_params, self.policy, self.streams)
-        self.eval_sampler = Sampler(self.family, self.row_params, self.policy, self.eval_streams)
+        self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams)
+        self.eval_sampler = KernelSampler(self.family, self.row_params, self.policy, self.eval_streams)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """Random-stream state of every consumer (training, server sampling, evaluation)."""
@@ -176,18 +178,12 @@ def adapt_parameters(
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """
     used = []
+    sampler = KernelSampler(family, params, policy, streams)
     for _ in range(steps):
-        traj = rollout(family, params, policy, theta, streams, n_trajectories)
+        traj = sampler(theta, n_trajectories)
         theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
         used.append(traj)
     return theta, used
-
-
-def seed_from_entropy() -> int:
-    """A fresh non-negative 62-bit seed (for ``seed=None``)."""
-    import numpy as np
-
-    return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 2)
 
 
 def combine_seed(seed: int, salt: int) -> int:

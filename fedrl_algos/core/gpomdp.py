@@ -31,9 +31,9 @@ import math
 
 import torch
 
-from fedrl_algos.core.estimators import discounted_rewards_to_go
-from fedrl_algos.core.meta import GradientEstimator
-from fedrl_algos.core.rollout import Trajectories
+from fedrl_algos.core.directions import GradientEstimator
+from fedrl_algos.core.estimators import autograd_score_gradient, discounted_rewards_to_go, masked_log_prob
+from fedrl_algos.core.trajectories import Trajectories
 
 __all__ = [
     "BASELINES",
@@ -108,16 +108,6 @@ def step_weights(traj: Trajectories, gamma: float, estimator: str = "gpomdp", ba
     raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
 
 
-def masked_log_prob(policy, theta: torch.Tensor, traj: Trajectories) -> torch.Tensor:
-    """``log π(a_h | s_h; θ)`` with 0 after termination: ``[*B, m, T]``.
-
-    ``torch.where`` (not a product with the mask) keeps a ``-inf`` log-probability of a step after
-    termination (states there are never reset and may leave the network's range) from becoming NaN.
-    """
-    logp = policy.log_prob(theta, traj.obs, traj.actions)
-    return torch.where(traj.mask > 0, logp, torch.zeros_like(logp))
-
-
 def score_gradient(
     policy,
     theta: torch.Tensor,
@@ -128,33 +118,24 @@ def score_gradient(
 ) -> torch.Tensor:
     """``(1/m) Σ_j c_j Σ_h ψ_{j,h} ∇log π(a_{j,h}|s_{j,h}; θ)`` for every row: ``[*B, d]``.
 
+    The policy computes the sum (:meth:`~fedrl_algos.core.protocols.FlatPolicyProtocol.score_gradient`:
+    its closed form where it has one, autograd otherwise); the per-trajectory terms always come
+    from :func:`~fedrl_algos.core.estimators.autograd_score_gradient`.
+
     :param policy: a flat policy
     :param theta: parameters ``[*B, d]``
     :param traj: trajectories ``[*B, m, T, ...]``
     :param psi: step weights ``[*B, m, T]`` (e.g. :func:`gpomdp_weights`), treated as constants
     :param traj_weights: per-trajectory weights ``c [*B, m]`` (default 1), treated as constants
     :param per_trajectory: return the un-averaged per-trajectory terms ``c_j Σ_h ψ ∇log π``
-        ``[*B, m, d]`` instead (one autograd call: every trajectory gets its own copy of θ)
+        ``[*B, m, d]`` instead
     """
+    if per_trajectory:
+        return autograd_score_gradient(policy, theta, traj, psi, traj_weights, per_trajectory=True)
     psi = psi.detach()
     if traj_weights is not None:
         psi = psi * traj_weights.detach().unsqueeze(-1)
-    m = traj.n_trajectories
-    with torch.enable_grad():
-        if per_trajectory:
-            batch = theta.shape[:-1]
-            th = theta.detach().unsqueeze(-2).expand(*batch, m, theta.shape[-1]).contiguous().requires_grad_(True)
-            # Each trajectory is its own batch row with one "trajectory" of T steps.
-            obs = traj.obs.unsqueeze(len(batch) + 1)
-            actions = traj.actions.unsqueeze(len(batch) + 1)
-            mask = traj.mask.unsqueeze(-2)
-            logp = policy.log_prob(th, obs, actions)
-            logp = torch.where(mask > 0, logp, torch.zeros_like(logp))
-            (grad,) = torch.autograd.grad((logp * psi.unsqueeze(-2)).sum(), th)
-            return grad
-        th = theta.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad((masked_log_prob(policy, th, traj) * psi).sum(), th)
-    return grad / m
+    return policy.score_gradient(theta, traj, psi)
 
 
 def gpomdp(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:

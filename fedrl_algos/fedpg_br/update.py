@@ -1,36 +1,27 @@
-"""FedPG-BR: federated policy gradient with Byzantine resilience (Fan et al., NeurIPS 2021).
+"""FedPG-BR's update: the Byzantine filter (Algorithm 1.1) and one SCSG round (Algorithm 1).
 
-Paper: "Fault-Tolerant Federated Reinforcement Learning with Theoretical Guarantee", Algorithm 1
-(the SCSG-style federated policy gradient) and Algorithm 1.1 (the Byzantine filter); the
-fault-tolerant baseline of the MFPO paper (section VI-A2). Docs: ``docs/algorithms/fedpg_br.md``.
-
-The math is a batched functional core over runs ``[*R]`` and agents ``n``:
+Paper: "Fault-Tolerant Federated Reinforcement Learning with Theoretical Guarantee" (Fan et al.,
+NeurIPS 2021). A batched functional core over runs ``[*R]`` and agents ``n``:
 :func:`filter_threshold`, :func:`byzantine_filter`, :func:`filtered_mean`,
-:func:`geometric_inner_steps` and :class:`FedPGBRUpdate` (one round); :class:`FedPGBR` is the
-SB3-style shell over one run.
+:func:`geometric_inner_steps` and :class:`FedPGBRUpdate` (one round).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
-from fedrl_algos.attacks import Attack, attack_streams, make_attack
-from fedrl_algos.base import FederatedAlgorithm
-from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS, ScoreFunctionGradient, paired_gradients, score_gradient
+from fedrl_algos.core.attacks import Attack, make_attack
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
-from fedrl_algos.core.rollout import Sampler, Trajectories
-from fedrl_algos.mfpo import evaluate_server_policy
-from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import check_int, index_params
+from fedrl_algos.core.sampling import KernelSampler, Sampler
+from fedrl_algos.core.trajectories import Trajectories
+from fedrl_envs.core import index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = [
-    "FedPGBR",
     "FedPGBRUpdate",
     "FilterResult",
     "filter_threshold",
@@ -142,7 +133,7 @@ def geometric_inner_steps(uniform: torch.Tensor, batch_size: Any, inner_batch_si
 def make_server_sampler(
     family: Any, agent_params: Any, policy: Any, seeds: torch.Tensor, inner_batch_size: int,
     server_task: int | None = None, device: torch.device | str = "cpu",
-) -> Sampler:
+) -> KernelSampler:
     """The server's sampler for runs seeded ``seeds [R]``: rows ``[R, b]``, one stream per trajectory.
 
     Server trajectory ``j`` runs agent ``j mod n``'s task (``server_task=None``) or agent
@@ -154,7 +145,7 @@ def make_server_sampler(
     tasks = torch.arange(b) % n if server_task is None else torch.full((b,), int(server_task))
     params = index_params(agent_params, tasks.repeat(seeds.numel()).to(device))
     streams = RandomStreams(derive_keys(seeds.reshape(-1, 1), torch.arange(b).reshape(1, -1) + _SERVER_TRAJ_STREAM), device)
-    return Sampler(family, params, policy, streams, stop_when_done=True)
+    return KernelSampler(family, params, policy, streams, stop_when_done=True)
 
 
 def server_trajectories(sampler: Sampler, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
@@ -248,7 +239,7 @@ class FedPGBRUpdate:
         n = byzantine.shape[-1]
         local = theta.unsqueeze(-2).expand(*theta.shape[:-1], n, theta.shape[-1])
         rows = byzantine.reshape(*([1] * (local.dim() - 2)), n, 1)
-        acting = dataclasses.replace(sampler, policy=self.attack.policy(sampler.policy, rows))
+        acting = sampler.with_policy(self.attack.policy(sampler.policy, rows))
         traj = self.attack.trajectories(acting(local, self.b_max), byzantine)
         used = (torch.arange(self.b_max, device=theta.device) < batch_size.unsqueeze(-1)).to(traj.mask.dtype)  # [*R, Bmax]
         used = used.unsqueeze(-2).unsqueeze(-1)  # [*R, 1, Bmax, 1]
@@ -343,273 +334,3 @@ class FedPGBRUpdate:
             "optimizer_state": optimizer_state if self.optimizer == "adam" else None,
         }
         return current, info
-
-
-# --- the SB3 shell ----------------------------------------------------------------------------
-class FedPGBR(FederatedAlgorithm):
-    """Federated policy gradient with Byzantine resilience (FedPG-BR).
-
-    Each round the server broadcasts θ̃; every agent reports a GPOMDP gradient from ``B_t``
-    trajectories (``B_t`` uniform in ``batch_range``); the server drops gradients its
-    distance-based filter flags as Byzantine, averages the rest into ``μ_t``, and runs a
-    variance-reduced (SCSG) inner loop of geometric length on its own trajectories, each step
-    ``θ_{n+1} = θ_n + η (ĝ(θ_n) − ω ĝ(θ̃) + μ_t)`` with importance weights ω.
-    Docs: ``docs/algorithms/fedpg_br.md``.
-
-    The filter's decision for every agent and round is logged (``filter/kept_agent_<k>``) and
-    kept in :attr:`filter_history` (one list of booleans per round).
-
-    :param policy: ``"MlpPolicy"``, ``"TabularPolicy"`` or a FlatPolicy class
-    :param env: a registered fedrl id, a task family or a ``FederatedVecEnv`` on a fedrl family
-    :param learning_rate: η, the server's inner-loop step size
-    :param batch_range: ``(B_min, B_max)`` of the agents' batch size B_t (FedPG-BR on CartPole:
-        14–18)
-    :param inner_batch_size: b, server trajectories per inner step (CartPole: 4)
-    :param sigma: σ of the filter threshold, or ``"auto"`` (default): each round, the
-        ``(1 − α)``-quantile over agents of their reported per-trajectory standard deviations;
-        ``"auto_bound"``: the same with their largest per-trajectory deviation (FedPG-BR's σ as a
-        bound on ``||g(τ) − ∇J||``; about 3× wider, and on CartPole it let most sign-flipped
-        reports through)
-    :param delta: δ of the threshold (FedPG-BR: 0.6)
-    :param max_byzantine_fraction: α, the largest tolerated fraction of Byzantine agents (FedPG-BR:
-        0.4); a first pass keeping fewer than ``(1 − α)K`` agents triggers the wider radius 2σ
-    :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"``, ``"mean"`` or ``None``
-    :param max_importance_weight: truncation of the inner-loop importance weights (``None``: none
-        but the overflow guard)
-    :param use_filter: ``False``: average every agent's gradient (no protection)
-    :param server_task: the task of the server's own environment: an agent index, or ``None``
-        (server trajectory j runs agent ``j mod n``'s task, so the inner loop estimates the
-        gradient of the agents' average objective)
-    :param attack: what Byzantine agents do: an :class:`~fedrl_algos.attacks.Attack` or its name
-        (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``)
-    :param byzantine_agents: indices of the Byzantine agents
-    :param gamma: discount γ
-    :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
-    :param policy_kwargs: keyword arguments of the policy
-    :param tensorboard_log: TensorBoard log directory
-    :param seed: seed of every random stream of the run
-    :param device: torch device
-    :param verbose: 0 silent, 1 logger output to stdout
-    :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
-        ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
-        rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
-
-    >>> from fedrl_algos import FedPGBR
-    >>> model = FedPGBR("TabularPolicy", "fedrl/GridWorld-v0", learning_rate=0.5, batch_range=(4, 6),
-    ...                 inner_batch_size=2, attack="sign_flip", byzantine_agents=[0], seed=0, device="cpu")
-    >>> model = model.learn(total_rounds=3)
-    >>> len(model.filter_history), len(model.filter_history[0])
-    (3, 8)
-    """
-
-    def __init__(
-        self,
-        policy: str | type[FlatPolicy],
-        env: Any,
-        learning_rate: float = 1e-3,
-        batch_range: tuple[int, int] = (14, 18),
-        inner_batch_size: int = 4,
-        sigma: float | str = "auto",
-        delta: float = 0.6,
-        max_byzantine_fraction: float = 0.4,
-        estimator: str = "gpomdp",
-        baseline: str | None = "loo",
-        max_importance_weight: float | None = None,
-        use_filter: bool = True,
-        server_task: int | None = None,
-        attack: Attack | str | None = None,
-        byzantine_agents: Sequence[int] = (),
-        gamma: float = 0.99,
-        eval_trajectories: int = 0,
-        policy_kwargs: dict[str, Any] | None = None,
-        tensorboard_log: str | None = None,
-        seed: int | None = None,
-        device: torch.device | str = "auto",
-        verbose: int = 0,
-        server_optimizer: str = "sgd",
-        _init_setup_model: bool = True,
-    ) -> None:
-        if not (isinstance(learning_rate, int | float) and not isinstance(learning_rate, bool) and learning_rate >= 0):
-            raise ValueError(f"learning_rate must be a number >= 0, got {learning_rate!r}")
-        self.server_learning_rate = float(learning_rate)
-        if not (isinstance(batch_range, Sequence) and len(batch_range) == 2):
-            raise ValueError(f"batch_range must be a pair (B_min, B_max), got {batch_range!r}")
-        b_min = check_int("batch_range[0]", batch_range[0], 2)
-        b_max = check_int("batch_range[1]", batch_range[1], b_min)
-        self.batch_range = (b_min, b_max)
-        self.inner_batch_size = check_int("inner_batch_size", inner_batch_size)
-        if not (sigma in ("auto", "auto_bound") or (isinstance(sigma, int | float) and not isinstance(sigma, bool) and sigma > 0)):
-            raise ValueError(f"sigma must be a number > 0, 'auto' or 'auto_bound', got {sigma!r}")
-        self.sigma = sigma
-        if not (isinstance(delta, int | float) and 0 < delta < 1):
-            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-        self.delta = float(delta)
-        if not (isinstance(max_byzantine_fraction, int | float) and 0 <= max_byzantine_fraction < 0.5):
-            raise ValueError(f"max_byzantine_fraction must be in [0, 0.5), got {max_byzantine_fraction!r}")
-        self.max_byzantine_fraction = float(max_byzantine_fraction)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        if baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-        self.estimator_name, self.baseline = estimator, baseline
-        if max_importance_weight is not None and not (isinstance(max_importance_weight, int | float) and max_importance_weight >= 1):
-            raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
-        self.max_importance_weight = max_importance_weight
-        self.use_filter = bool(use_filter)
-        self.server_task = server_task
-        self.attack = make_attack(attack)
-        self.byzantine_agents = [int(k) for k in byzantine_agents]
-        self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
-        self.filter_history: list[list[bool]] = []
-        self.env_steps_per_agent = 0.0
-        self.server_env_steps = 0.0
-        self._extra_rng_state: dict[str, Any] | None = None
-        super().__init__(
-            policy,
-            env,
-            beta=0.0,
-            tau=1,
-            alpha=0.0,
-            gamma=gamma,
-            eval_trajectories=eval_trajectories,
-            eval_adapt_trajectories=0,
-            policy_kwargs=policy_kwargs,
-            tensorboard_log=tensorboard_log,
-            seed=seed,
-            device=device,
-            verbose=verbose,
-            _init_setup_model=_init_setup_model,
-        )
-
-    # --- set-up --------------------------------------------------------------------------------
-    def _make_estimator(self) -> ScoreFunctionGradient:
-        # Nominal per-round cost: agents sample B_max trajectories (and use B_t of them).
-        return ScoreFunctionGradient(self.policy, self.gamma, self.batch_range[1], self.estimator_name, self.baseline)
-
-    def _setup_model(self) -> None:
-        super()._setup_model()
-        self.update = FedPGBRUpdate(
-            self.policy,
-            self.gamma,
-            self.batch_range,
-            self.inner_batch_size,
-            self.server_learning_rate,
-            self.sigma,
-            self.delta,
-            self.max_byzantine_fraction,
-            self.estimator_name,
-            self.baseline,
-            self.max_importance_weight,
-            self.use_filter,
-            self.attack,
-            self.server_optimizer,
-        )
-        # Adam's state as tensors [1], [1, d] that SB3 saves with the parameters (and maps to the
-        # device on load); kept for "sgd" too, where it stays zero.
-        d, dtype = self.policy.n_params, self.policy.theta.dtype
-        if getattr(self, "adam_step", None) is None:
-            self.adam_step = torch.zeros(1, dtype=dtype)
-            self.adam_first = torch.zeros(1, d, dtype=dtype)
-            self.adam_second = torch.zeros(1, d, dtype=dtype)
-        self.adam_step, self.adam_first, self.adam_second = (x.to(self.device) for x in (self.adam_step, self.adam_first, self.adam_second))
-        self._make_server_sampler()
-        if self._extra_rng_state is not None:
-            self.server_sampler.streams.load_state_dict(self._extra_rng_state["server_traj"])
-            self.noise_streams.load_state_dict(self._extra_rng_state["noise"])
-
-    def _check_agents(self) -> None:
-        if any(not 0 <= k < self.n_agents for k in self.byzantine_agents):
-            raise ValueError(f"byzantine_agents must be agent indices in [0, {self.n_agents - 1}], got {self.byzantine_agents}")
-        if self.server_task is not None:
-            check_int("server_task", self.server_task, 0)
-            if self.server_task >= self.n_agents:
-                raise ValueError(f"server_task must be an agent index in [0, {self.n_agents - 1}], got {self.server_task}")
-
-    def _make_server_sampler(self) -> None:
-        self._check_agents()
-        self.federation.sampler.stop_when_done = True
-        self.federation.eval_sampler.stop_when_done = True
-        self.server_sampler = make_server_sampler(
-            self.family, self.federation.agent_params, self.policy, torch.tensor([self.seed]), self.inner_batch_size,
-            self.server_task, self.device,
-        )
-        self.noise_streams = attack_streams(self.federation.streams)
-        self.byzantine_mask = torch.zeros(self.n_agents, dtype=torch.bool, device=self.device)
-        if self.byzantine_agents:
-            self.byzantine_mask[torch.tensor(self.byzantine_agents)] = True
-
-    def set_env(self, env: Any, force_reset: bool = True) -> None:
-        n_before = self.n_agents
-        super().set_env(env, force_reset)
-        if self.n_agents != n_before:
-            raise ValueError(f"env must have the model's {n_before} agents, got {self.n_agents}")
-        self._make_server_sampler()
-
-    def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "update", "server_sampler", "noise_streams", "byzantine_mask"]
-
-    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        state_dicts, variables = super()._get_torch_save_params()
-        return state_dicts, [*variables, "adam_step", "adam_first", "adam_second"]
-
-    @property
-    def optimizer_state(self) -> AdamState | None:
-        """The server's Adam state (``server_optimizer="adam"``), batch shape ``[1]``; ``None`` for ``"sgd"``."""
-        if self.server_optimizer != "adam":
-            return None
-        return AdamState(self.adam_step, self.adam_first, self.adam_second)
-
-    def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
-        """Save parameters, configuration and every random-stream state (SB3 zip format)."""
-        self._extra_rng_state = {"server_traj": self.server_sampler.streams.state_dict(), "noise": self.noise_streams.state_dict()}
-        try:
-            super().save(path, exclude=exclude, include=include)
-        finally:
-            self._extra_rng_state = None
-
-    @classmethod
-    def load(cls, path: Any, env: Any = None, device: torch.device | str = "auto", **kwargs: Any) -> FedPGBR:  # type: ignore[override]
-        model = super().load(path, env=env, device=device, **kwargs)
-        model._extra_rng_state = None
-        return model
-
-    # --- training ------------------------------------------------------------------------------
-    def _train_round(self) -> None:
-        theta = self.policy.theta.detach().unsqueeze(0)
-        uniform = self.federation.server_streams.uniform((2,), dtype=torch.float64)
-        new_theta, info = self.update.round(
-            theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
-            self.optimizer_state,
-        )
-        if info["optimizer_state"] is not None:
-            self.adam_step, self.adam_first, self.adam_second = info["optimizer_state"]
-        self.policy.theta.data.copy_(new_theta[0])
-        self.filter_history.append([bool(k) for k in info["kept"][0].tolist()])
-        self.env_steps_per_agent += float(info["env_steps"].mean())
-        self.server_env_steps += float(info["server_env_steps"].sum())
-        self._last_info = info
-
-    def _log_round(self) -> None:
-        info = getattr(self, "_last_info", None)
-        if info is not None:
-            kept = info["kept"][0]
-            for k, value in enumerate(kept.tolist()):
-                self.logger.record(f"filter/kept_agent_{k}", int(value))
-            self.logger.record("filter/n_kept", int(kept.sum()))
-            self.logger.record("filter/fallback", int(info["fallback"][0]))
-            self.logger.record("filter/threshold", float(info["threshold"][0]))
-            self.logger.record("filter/sigma", float(info["sigma"][0]))
-            if self.byzantine_agents:
-                self.logger.record("filter/byzantine_rejected", int((~kept & self.byzantine_mask).sum()))
-                self.logger.record("filter/honest_rejected", int((~kept & ~self.byzantine_mask).sum()))
-            self.logger.record("train/batch_size", int(info["batch_size"][0]))
-            self.logger.record("train/inner_steps", int(info["inner_steps"][0]))
-            self.logger.record("train/return", float(info["return"].mean()))
-            self.logger.record("train/env_steps_per_agent", self.env_steps_per_agent)
-            self.logger.record("train/server_env_steps", self.server_env_steps)
-        super()._log_round()
-
-    def evaluate_round(self) -> dict[str, float]:
-        """The server policy's average return over agents (see :meth:`MFPO.evaluate_round`)."""
-        return evaluate_server_policy(self)

@@ -1,17 +1,19 @@
 """Closed-form kernels of the one-hidden-layer softmax MLP policy (the paper's arc-navigation net).
 
 For ``π(·|x; θ) = softmax(W2ᵀ tanh(W1ᵀx + b1) + b2)`` (:class:`~fedrl_algos.policies.MlpPolicy` with
-one ``tanh`` hidden layer and a ``Discrete`` action space) this module computes, without autograd:
+one ``tanh`` hidden layer and a ``Discrete`` action space) this module computes, without autograd
+(``MlpPolicy.score_gradient``/``hvp`` call these for such a network; ``ψ_h`` are the step weights,
+``R^h`` for the paper's estimators):
 
-* :func:`mlp_policy_gradient` — the REINFORCE estimate ``(1/m) Σ_ξ Σ_h ∇log π(a_h|s_h) R^h``
+* :func:`mlp_policy_gradient` — the score-function estimate ``(1/m) Σ_ξ Σ_h ∇log π(a_h|s_h) ψ_h``
   (hand-written backprop);
 * :func:`mlp_hvp` — the paper's curvature estimate applied to a vector,
   ``(1/m) Σ_ξ [g(ξ) (∇log q(ξ)ᵀv) + ∇²ν(ξ) v]``: the rank-one part needs the directional derivative
   ``∇log π(a|x)ᵀv`` (a hand-written forward-mode pass), the second part the directional derivative
   of the backprop of ``ν`` along ``v`` (hand-written second-order backprop). Nothing ``d × d`` is formed;
 * :func:`mlp_sample` — actions drawn exactly as :meth:`MlpPolicy.sample` does (same random numbers,
-  same inverse-CDF rule) but about 5× faster on CPU;
-* :class:`FastMlpPolicy` — an :class:`MlpPolicy` whose ``sample`` uses :func:`mlp_sample`.
+  same inverse-CDF rule) but about 5× faster on CPU (``FastMlpPolicy.sample``);
+* :func:`mlp_rollout` — a whole rollout with that sampler (``FastMlpPolicy``'s kernel rollout plan).
 
 Everything works feature-major (``[rows, features, samples]``): the per-sample feature axes are
 tiny (2, 32, 8), and reductions or elementwise passes along a contiguous sample axis vectorize far
@@ -36,18 +38,20 @@ signal ``u = c_ξ w δ + w dδ`` plus the extra terms ``dh (wδ)ᵀ`` (W2) and `
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedrl_algos.policies import MlpPolicy
+from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_envs.core import repeat_params
 from fedrl_envs.rng import RandomStreams
+
+if TYPE_CHECKING:
+    from fedrl_algos.policies.mlp import MlpPolicy
 
 __all__ = [
     "CHUNK_SAMPLES",
     "PG_CHUNK_SAMPLES",
-    "FastMlpPolicy",
-    "is_softmax_mlp",
     "mlp_hvp",
     "mlp_policy_gradient",
     "mlp_rollout",
@@ -61,18 +65,8 @@ CHUNK_SAMPLES = 8192
 PG_CHUNK_SAMPLES = 2048
 
 
-def is_softmax_mlp(policy: Any) -> bool:
-    """Whether ``policy`` is a discrete-action :class:`MlpPolicy` with one ``tanh`` hidden layer."""
-    return (
-        isinstance(policy, MlpPolicy)
-        and not policy.gaussian
-        and len(policy.sizes) == 3
-        and policy.activation_name == "tanh"
-    )
-
-
 def _check(policy: Any) -> None:
-    if not is_softmax_mlp(policy):
+    if not policy.is_softmax_mlp:
         raise ValueError("the closed-form MLP kernels need a discrete MlpPolicy with one tanh hidden layer")
 
 
@@ -141,19 +135,6 @@ def mlp_sample(policy: MlpPolicy, theta: torch.Tensor, obs: torch.Tensor, stream
     return actions.reshape(*obs.shape[:n_batch], *m_shape)
 
 
-class FastMlpPolicy(MlpPolicy):
-    """:class:`MlpPolicy` whose ``sample`` uses :func:`mlp_sample` (discrete, one tanh hidden layer).
-
-    Same parameters, initialization, ``log_prob`` and save format; only the sampling kernel differs
-    (same random numbers, same rule, about 5× faster on CPU for large batches).
-    """
-
-    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
-        if not is_softmax_mlp(self):
-            return super().sample(theta, obs, streams)
-        return mlp_sample(self, theta, obs, streams)
-
-
 def mlp_rollout(
     family: Any,
     params: Any,
@@ -163,16 +144,13 @@ def mlp_rollout(
     n_trajectories: int,
     horizon: int | None = None,
 ):
-    """:func:`~fedrl_algos.core.rollout.rollout` specialised to this policy: the same trajectories.
+    """:func:`~fedrl_algos.core.sampling.generic_rollout` specialised to this policy: the same trajectories.
 
-    Bitwise the trajectories ``rollout(..., FastMlpPolicy, ...)`` returns (same random numbers in
-    the same order, same sampling rule, streams left in the same state), with the whole episode's
-    uniforms drawn in one call and the network's transformed weights computed once instead of at
-    every step: about half the per-step operations, which is what small batches pay for.
+    Bitwise the trajectories ``generic_rollout(..., FastMlpPolicy, ...)`` returns (same random
+    numbers in the same order, same sampling rule, streams left in the same state), with the whole
+    episode's uniforms drawn in one call and the network's transformed weights computed once instead
+    of at every step: about half the per-step operations, which is what small batches pay for.
     """
-    from fedrl_algos.core.rollout import Trajectories, check_rollout_batch
-    from fedrl_envs.core import repeat_params
-
     _check(policy)
     batch = theta.shape[:-1]
     m = check_rollout_batch(theta, streams, n_trajectories)
@@ -188,8 +166,7 @@ def mlp_rollout(
     a1, a1b = (2.0 * w1).transpose(-1, -2), (2.0 * b1).unsqueeze(-1)
     a2, a2b = (2.0 * w2).transpose(-1, -2), (b2 - w2.sum(-2)).unsqueeze(-1)
     last = policy.action_dim - 1
-    obs_list, act_list, rew_list, alive_list = [], [], [], []
-    alive = torch.ones(rows * m, dtype=torch.bool, device=theta.device)
+    obs_list, act_list, rew_list, done_list = [], [], [], []
     for t in range(steps):
         obs = family.observe(state, row_params)
         xt = obs.to(theta.dtype).reshape(rows, m, -1).transpose(-1, -2)
@@ -200,14 +177,13 @@ def mlp_rollout(
         obs_list.append(obs)
         act_list.append(action)
         rew_list.append(reward)
-        alive_list.append(alive)
-        alive = alive & ~terminated
-    mask = torch.stack(alive_list, dim=-1).reshape(*batch, m, steps).to(theta.dtype)
-    return Trajectories(
-        obs=torch.stack(obs_list, dim=1).reshape(*batch, m, steps, *obs_list[0].shape[1:]),
-        actions=torch.stack(act_list, dim=-1).reshape(*batch, m, steps),
-        rewards=torch.stack(rew_list, dim=-1).reshape(*batch, m, steps).to(theta.dtype) * mask,
-        mask=mask,
+        done_list.append(terminated)
+    return Trajectories.from_steps(
+        torch.stack(obs_list, dim=1).reshape(*batch, m, steps, *obs_list[0].shape[1:]),
+        torch.stack(act_list, dim=-1).reshape(*batch, m, steps),
+        torch.stack(rew_list, dim=-1).reshape(*batch, m, steps),
+        torch.stack(done_list, dim=-1).reshape(*batch, m, steps),
+        theta.dtype,
     )
 
 
@@ -232,16 +208,14 @@ def _blocks(rows: int, m: int, steps: int, chunk_samples: int | None) -> list[tu
     ]
 
 
-def _prepare(policy, theta, traj, gamma):
-    from fedrl_algos.core.estimators import discounted_rewards_to_go
-
+def _prepare(policy, theta, traj, weights):
     n_batch = theta.dim() - 1
     batch = theta.shape[:-1]
     rows = math.prod(batch)
     th = theta.reshape(rows, theta.shape[-1])
     m, steps = traj.rewards.shape[-2], traj.rewards.shape[-1]
     mask = traj.mask.to(theta.dtype).reshape(rows, m, steps)
-    weight = discounted_rewards_to_go(traj.rewards.to(theta.dtype), gamma).reshape(rows, m, steps) * mask
+    weight = weights.to(theta.dtype).reshape(rows, m, steps)
     obs = traj.obs.reshape(rows, m, steps, -1)
     actions = traj.actions.reshape(rows, m, steps)
     return n_batch, batch, rows, th, m, steps, mask, weight, obs, actions
@@ -258,11 +232,18 @@ def _tile(x: torch.Tensor, r0: int, nr: int, t0: int, nt: int) -> torch.Tensor:
 
 
 def mlp_policy_gradient(
-    policy: MlpPolicy, theta: torch.Tensor, traj, gamma: float, chunk_samples: int | None = None
+    policy: MlpPolicy, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor, chunk_samples: int | None = None
 ) -> torch.Tensor:
-    """Closed form of :func:`~fedrl_algos.core.estimators.policy_gradient`: ``[*B, d]``."""
+    """Closed form of :func:`~fedrl_algos.core.estimators.autograd_score_gradient`: ``[*B, d]``.
+
+    :param policy: a discrete MlpPolicy with one tanh hidden layer
+    :param theta: parameters ``[*B, d]``
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param weights: step weights ``ψ [*B, m, T]``
+    :param chunk_samples: samples per tile (default :data:`PG_CHUNK_SAMPLES`)
+    """
     _check(policy)
-    _, batch, rows, th, m, steps, _, weight, obs, actions = _prepare(policy, theta, traj, gamma)
+    _, batch, rows, th, m, steps, _, weight, obs, actions = _prepare(policy, theta, traj, weights)
     w1, b1, w2, b2 = _unpack(policy, th)
     w2t = w2.transpose(-1, -2)
     total = torch.zeros_like(th)
@@ -286,8 +267,8 @@ def mlp_policy_gradient(
 def _contributing_first(weight: torch.Tensor, per_row: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Reorder trajectories and rows so that the ones that can contribute come first.
 
-    A trajectory whose weights ``R^h`` all vanish contributes exactly zero to the policy gradient
-    and to ``u(ξ)v`` (both are weighted by ``R^h``). Each row's trajectories are stably sorted with
+    A trajectory whose weights ``ψ_h`` all vanish contributes exactly zero to the policy gradient
+    and to ``u(ξ)v`` (both are weighted by ``ψ_h``). Each row's trajectories are stably sorted with
     the contributing ones first, rows are sorted by their number of contributing trajectories.
 
     :return: trajectory order ``[R, m']`` (truncated to whole tiles of ``per_row``), row order
@@ -303,17 +284,20 @@ def _contributing_first(weight: torch.Tensor, per_row: int) -> tuple[torch.Tenso
 
 
 def mlp_hvp(
-    policy: MlpPolicy, theta: torch.Tensor, traj, v: torch.Tensor, gamma: float, chunk_samples: int | None = None
+    policy: MlpPolicy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor,
+    chunk_samples: int | None = None,
 ) -> torch.Tensor:
     """Closed form of :func:`~fedrl_algos.core.estimators.autograd_hvp`: ``(1/m) Σ_ξ u(ξ; θ) v``, ``[*B, d]``.
 
-    Trajectories without reward (all ``R^h = 0``) contribute exactly zero and are skipped: each row
+    Arguments as for :func:`mlp_policy_gradient`, and the direction ``v [*B, d]``.
+
+    Trajectories without weight (all ``ψ_h = 0``) contribute exactly zero and are skipped: each row
     processes its rewarded trajectories first, in tiles of a fixed number of trajectories, and
     stops after the tile holding its last rewarded one (rows are grouped by that count). A row's
     result therefore depends only on its own data, not on the rest of the batch.
     """
     _check(policy)
-    _, batch, rows, th, m, steps, mask, weight, obs, actions = _prepare(policy, theta, traj, gamma)
+    _, batch, rows, th, m, steps, mask, weight, obs, actions = _prepare(policy, theta, traj, weights)
     total_samples = chunk_samples or CHUNK_SAMPLES
     per_row = max(1, min(m, max(1, total_samples // 8) // max(1, steps)))
     row_block = max(1, total_samples // (per_row * max(1, steps)))

@@ -1,0 +1,466 @@
+"""The SB3 shell shared by fedrl's policy-gradient federations.
+
+Like sb3-contrib's ARS, these algorithms subclass :class:`~stable_baselines3.common.base_class.BaseAlgorithm`
+directly and keep their parameters as one flat vector (``policy.theta``); the numerical work is
+delegated to the batched functional core (:mod:`fedrl_algos.core`) and to each algorithm's update
+module, with a run axis of length one.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+import torch
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.type_aliases import MaybeCallback
+
+from fedrl_algos.common.env_util import n_tasks, resolve_federation_env
+from fedrl_algos.common.learn import EnvFreeLearnMixin
+from fedrl_algos.core.federation import Federation, adapt_parameters, combine_seed
+from fedrl_algos.exact import TabularEvaluator, has_exact_model
+from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
+from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
+from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
+
+__all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma", "check_non_negative"]
+
+SelfFederatedAlgorithm = TypeVar("SelfFederatedAlgorithm", bound="FederatedAlgorithm")
+
+# Stream index of adaptation calls (kept apart from training and evaluation streams).
+_ADAPT_STREAM = 1 << 42
+_PREDICT_STREAM = 1 << 43
+
+
+def check_non_negative(name: str, value: Any) -> float:
+    """``value`` as a ``float >= 0``; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return float(value)
+
+
+def check_gamma(gamma: Any) -> float:
+    """The discount as a ``float`` in [0, 1] (``ValueError`` naming ``gamma`` otherwise)."""
+    if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
+        raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
+    return float(gamma)
+
+
+class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
+    """Base class: a federation of agents trained by communication rounds.
+
+    It holds only what every federation has — the policy, the agents' environments, the discount,
+    the seed and random streams, the device and the logging — and the SB3 machinery around them
+    (``learn`` with callbacks and loggers, ``predict``, ``save``/``load``, ``adapt``). A subclass
+    adds its hyperparameters, extends :meth:`_setup_model` with its update, and implements
+    :meth:`_train_round`, :attr:`trajectories_per_round` and :meth:`evaluate_round`.
+
+    :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a :class:`~fedrl_algos.policies.FlatPolicy` class
+    :param env: a registered fedrl id (its family's training tasks), a task family, or a
+        ``FederatedVecEnv`` on a fedrl family
+    :param gamma: discount γ
+    :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation; ``None``:
+        0 for families with an exact model (they log exact values) and 32 otherwise
+    :param policy_kwargs: keyword arguments of the policy
+    :param tensorboard_log: TensorBoard log directory
+    :param seed: seed of every random stream of the run (drawn at random when ``None``)
+    :param device: torch device (``"auto"``: CUDA when available)
+    :param verbose: 0 silent, 1 logger output to stdout
+    """
+
+    policy_aliases: ClassVar[dict[str, type[FlatPolicy]]] = {"TabularPolicy": TabularPolicy, "MlpPolicy": MlpPolicy}
+    policy: FlatPolicy
+    #: stop a batch's rollout once all its episodes have terminated (for families whose episodes
+    #: end early, e.g. CartPole; the results are unchanged, see ``core.sampling.rollout``)
+    stop_rollouts_when_done: ClassVar[bool] = False
+    #: deprecated constructor arguments and attributes of this class: old name → new name
+    renamed_arguments: ClassVar[dict[str, str]] = {}
+
+    def __init__(
+        self,
+        policy: str | type[FlatPolicy],
+        env: Any,
+        gamma: float,
+        eval_trajectories: int | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        tensorboard_log: str | None = None,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        verbose: int = 0,
+        _init_setup_model: bool = True,
+    ) -> None:
+        if isinstance(policy, str):
+            if policy not in self.policy_aliases:
+                raise ValueError(f"policy must be one of {sorted(self.policy_aliases)} or a FlatPolicy class, got {policy!r}")
+        elif not (isinstance(policy, type) and issubclass(policy, FlatPolicy)):
+            raise TypeError(f"policy must be a policy name or a FlatPolicy subclass, got {policy!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if env is not None:
+            device = check_device(device) if device != "auto" else device
+        super().__init__(
+            policy=policy,
+            env=None,
+            learning_rate=0.0,
+            policy_kwargs=policy_kwargs,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            device=device,
+            seed=seed,
+            support_multi_env=True,
+        )
+        if env is None:
+            if _init_setup_model:
+                raise ValueError("env must be given (a fedrl family id, a TaskFamily or a FederatedVecEnv)")
+            return
+        self.gamma = check_gamma(gamma)
+        self._bind_env(env)
+        # Families with an exact model log exact values; the others get a Monte Carlo estimate
+        # sized to cost about as much as a round of training (raise it for precise numbers).
+        if eval_trajectories is None:
+            eval_trajectories = 0 if has_exact_model(self.family) else 32
+        self.eval_trajectories = check_int("eval_trajectories", eval_trajectories, 0)
+        if self.seed is None:
+            self.seed = seed_from_entropy()
+        self.rounds_done = 0
+        self.trajectories_per_agent = 0
+        self._rng_state: dict[str, Any] | None = None
+        if _init_setup_model:
+            self._setup_model()
+
+    def __getattr__(self, name: str) -> Any:
+        # Deprecated attribute names (``model.beta``) read the renamed attribute, with a warning.
+        renamed = type(self).renamed_arguments
+        if name in renamed:
+            import warnings
+
+            warnings.warn(
+                f"{type(self).__name__}.{name} is deprecated and will be removed in the next release; use .{renamed[name]}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(self, renamed[name])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _bind_env(self, env: Any) -> None:
+        family, agent_params, env_obj = resolve_federation_env(env)
+        if "family" in self.__dict__ and type(family) is not type(self.family):
+            raise ValueError(f"env must be of family {self.family.env_id}, got {family.env_id}")
+        self.family = family
+        self.env_id = family.env_id
+        self.agent_params = params_to(agent_params, "cpu")
+        self.fed_env = env_obj
+        one = index_params(self.agent_params, 0)
+        self.observation_space = family.observation_space(one)
+        self.action_space = family.action_space(one)
+        self.n_agents = n_tasks(self.agent_params)
+        self.n_envs = self.n_agents
+
+    def _migrate_renamed_attributes(self) -> None:
+        """Attributes of files saved before a rename take their new names."""
+        for old, new in type(self).renamed_arguments.items():
+            if old in self.__dict__ and new not in self.__dict__:
+                self.__dict__[new] = self.__dict__.pop(old)
+
+    def _make_federation(self) -> Federation:
+        federation = Federation(
+            self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma
+        )
+        federation.sampler.stop_when_done = self.stop_rollouts_when_done
+        federation.eval_sampler.stop_when_done = self.stop_rollouts_when_done
+        return federation
+
+    def _setup_model(self) -> None:
+        """Build the policy, the batched federation (random streams included) and the evaluator;
+        subclasses extend it with their update."""
+        self._migrate_renamed_attributes()
+        try:
+            policy = self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs)
+        except TypeError as err:
+            raise ValueError(f"policy_kwargs {self.policy_kwargs} do not fit {self.policy_class.__name__}: {err}") from err
+        self.policy = policy.to(self.device)
+        self.policy.seed_predictions(combine_seed(self.seed, _PREDICT_STREAM))
+        self.federation = self._make_federation()
+        if self._rng_state is not None:
+            self.federation.load_state_dict(self._rng_state)
+        self.evaluator = self._make_evaluator()
+
+    def _make_evaluator(self) -> TabularEvaluator | None:
+        """Exact evaluator for tabular families (``None`` otherwise)."""
+        if not has_exact_model(self.family) or not isinstance(self.policy, TabularPolicy):
+            return None
+        tasks = [index_params(self.agent_params, i) for i in range(self.n_agents)]
+        return TabularEvaluator(self.family, gamma=self.gamma, tasks=tasks)
+
+    # --- what a subclass provides --------------------------------------------------------------
+    @abstractmethod
+    def _train_round(self) -> None:
+        """One communication round: update the parameters (and any state) in place."""
+
+    @property
+    @abstractmethod
+    def trajectories_per_round(self) -> int:
+        """Trajectories one participating agent samples per round (the paper's sampling cost)."""
+
+    @abstractmethod
+    def evaluate_round(self) -> dict[str, float]:
+        """Metrics of the current parameters, logged under ``eval/`` each round."""
+
+    @property
+    def updates_per_round(self) -> int:
+        """Parameter updates one round makes (SB3's ``n_updates``); local steps where there are any."""
+        return 1
+
+    @property
+    def participating_agents(self) -> int:
+        """Agents that take part in a round (all of them unless the algorithm samples clients)."""
+        return self.n_agents
+
+    @property
+    def adaptation_step_size(self) -> float | None:
+        """The default step size of :meth:`adapt` (``None``: the algorithm learns none; pass one)."""
+        return None
+
+    # --- properties ----------------------------------------------------------------------------
+    @property
+    def theta(self) -> torch.Tensor:
+        """The shared initialization (server parameters) as a flat tensor ``[d]`` (a copy)."""
+        return self.policy.theta.detach().clone()
+
+    @property
+    def steps_per_trajectory(self) -> int:
+        return self.family.horizon(self.agent_params) + 1
+
+    @property
+    def timesteps_per_round(self) -> int:
+        """Environment steps one round consumes, summed over participating agents (fixed horizon)."""
+        return self.participating_agents * self.trajectories_per_round * self.steps_per_trajectory
+
+    # --- training ------------------------------------------------------------------------------
+    def _log_round(self) -> None:
+        if not self.logger.output_formats:
+            return  # nothing would show the metrics: spend no rollouts on them
+        self.logger.record("train/round", self.rounds_done)
+        self.logger.record("train/trajectories_per_agent", self.trajectories_per_agent)
+        for key, value in self.evaluate_round().items():
+            self.logger.record(f"eval/{key}", value)
+        elapsed = max((time.time_ns() - self.start_time) / 1e9, sys.float_info.epsilon)
+        self.logger.record("time/fps", int((self.num_timesteps - self._num_timesteps_at_start) / elapsed))
+        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+
+    def learn(
+        self: SelfFederatedAlgorithm,
+        total_timesteps: int | None = None,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str | None = None,
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+        total_rounds: int | None = None,
+    ) -> SelfFederatedAlgorithm:
+        """Train for ``total_rounds`` communication rounds or ``total_timesteps`` environment steps.
+
+        Exactly one of the two totals must be given. ``num_timesteps`` counts environment steps
+        over all participating agents; callbacks' ``on_step`` runs once per round (so an
+        ``EvalCallback(eval_freq=k)`` evaluates every k rounds).
+
+        :param total_timesteps: environment steps to train for (rounded up to whole rounds)
+        :param callback: SB3 callback(s)
+        :param log_interval: rounds between two logger dumps
+        :param tb_log_name: TensorBoard run name (default: the class name)
+        :param reset_num_timesteps: start the step counter at 0
+        :param progress_bar: show a progress bar (tqdm/rich)
+        :param total_rounds: communication rounds to train for
+        :return: the trained model
+        """
+        if (total_timesteps is None) == (total_rounds is None):
+            raise ValueError("exactly one of total_timesteps and total_rounds must be given")
+        if total_rounds is not None:
+            total_rounds = check_int("total_rounds", total_rounds)
+            total_timesteps = total_rounds * self.timesteps_per_round
+        total_timesteps = check_int("total_timesteps", total_timesteps)
+        log_interval = check_int("log_interval", log_interval)
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name or type(self).__name__, progress_bar
+        )
+        callback.on_training_start(locals(), globals())
+        rounds_this_call = 0
+        while self.num_timesteps < total_timesteps:
+            callback.on_rollout_start()
+            self._train_round()
+            self.rounds_done += 1
+            rounds_this_call += 1
+            self.trajectories_per_agent += self.trajectories_per_round
+            self.num_timesteps += self.timesteps_per_round
+            self._n_updates += self.updates_per_round
+            callback.update_locals(locals())
+            keep_going = callback.on_step()
+            callback.on_rollout_end()
+            if rounds_this_call % log_interval == 0:
+                self._log_round()
+                self.logger.dump(step=self.num_timesteps)
+            if not keep_going:
+                break
+        callback.on_training_end()
+        return self
+
+    # --- personalization -----------------------------------------------------------------------
+    def _resolve_tasks(self, task: Any) -> Any:
+        if isinstance(task, int | np.integer) and not isinstance(task, bool):
+            if not 0 <= task < self.n_agents:
+                raise ValueError(f"task must be an agent index in [0, {self.n_agents - 1}], got {task}")
+            return index_params(self.agent_params, int(task))
+        if isinstance(task, dict):
+            return self.family.make_params(**task)
+        if isinstance(task, tuple):
+            return self.family.make_params(goal=task)
+        if type(task).__name__ == type(index_params(self.agent_params, 0)).__name__:
+            return task
+        raise TypeError(
+            "task must be a training-agent index, a goal tuple, a dict of gym.make keyword arguments, or task parameters "
+            f"of {self.env_id}; got {type(task).__name__}"
+        )
+
+    def adapt(
+        self,
+        task: Any,
+        n_trajectories: int,
+        steps: int = 1,
+        step_size: float | None = None,
+        seed: int | None = None,
+    ) -> FlatPolicy | list[FlatPolicy]:
+        """Personalize the shared initialization to a task with policy-gradient steps.
+
+        :param task: a training-agent index, a goal tuple, a dict of ``gym.make`` kwargs,
+            task parameters (e.g. ``fedrl_envs.ARC_NAVIGATION.heldout_tasks[0]``), or a list of
+            these (adapted together in one batched call)
+        :param n_trajectories: trajectories per adaptation step (0 returns the initialization)
+        :param steps: number of policy-gradient steps
+        :param step_size: step size (default: the algorithm's :attr:`adaptation_step_size`, e.g.
+            Per-FedAvg-PG's α; required where the algorithm has none)
+        :param seed: seed of the adaptation trajectories (default: derived from the model's seed
+            and the number of adaptations so far)
+        :return: a copy of the policy (with ``predict``) holding the personalized ``theta``; a list
+            for a list of tasks
+        """
+        many = isinstance(task, list)
+        tasks = [self._resolve_tasks(t) for t in (task if many else [task])]
+        n_trajectories = check_int("n_trajectories", n_trajectories, 0)
+        steps = check_int("steps", steps, 0)
+        if step_size is None:
+            step_size = self.adaptation_step_size
+            if step_size is None:
+                raise ValueError(f"step_size must be given: {type(self).__name__} learns no adaptation step size of its own")
+        else:
+            step_size = check_non_negative("step_size", step_size)
+        params = params_to(stack_params(tasks), self.device)
+        theta = self.policy.theta.detach().expand(len(tasks), -1).clone()
+        if n_trajectories > 0 and steps > 0:
+            counter = self.__dict__.get("_adapt_calls", 0)
+            self._adapt_calls = counter + 1
+            key_seed = seed if seed is not None else combine_seed(self.seed, _ADAPT_STREAM + counter)
+            streams = RandomStreams(derive_keys(key_seed, torch.arange(len(tasks)) + _ADAPT_STREAM), self.device)
+            theta, _ = adapt_parameters(
+                self.family, params, self.policy, theta, streams, n_trajectories, steps, step_size, self.gamma
+            )
+        adapted = []
+        for row in theta:
+            clone = copy.deepcopy(self.policy)
+            clone.theta.data.copy_(row)
+            adapted.append(clone)
+        return adapted if many else adapted[0]
+
+    # --- environment and persistence -----------------------------------------------------------
+    def set_env(self, env: Any, force_reset: bool = True) -> None:
+        """Bind another environment of the same family (same spaces and number of agents).
+
+        :param env: a fedrl id, a family or a federated env of the model's family
+        :param force_reset: unused (kept for SB3 compatibility)
+        """
+        observation_space, action_space, n_agents = self.observation_space, self.action_space, self.n_agents
+        self._bind_env(env)
+        if self.observation_space != observation_space or self.action_space != action_space:
+            raise ValueError(
+                f"env must have the model's spaces {observation_space} / {action_space}, got "
+                f"{self.observation_space} / {self.action_space}"
+            )
+        if self.n_agents != n_agents and not self.allows_new_agent_count:
+            raise ValueError(f"env must have the model's {n_agents} agents, got {self.n_agents}")
+        self.federation = self._make_federation()
+        self.evaluator = self._make_evaluator()
+
+    #: whether :meth:`set_env` may bind a federation of another size (no per-agent state)
+    allows_new_agent_count: ClassVar[bool] = True
+
+    def get_env(self) -> Any:
+        """The federated environment this model trains on.
+
+        The one it was built with, or (when built from an id or a family) a native
+        :class:`~fedrl_envs.FamilyVectorEnv` with one environment per agent, made on first use.
+        """
+        if self.fed_env is None:
+            self.fed_env = FamilyVectorEnv(self.family, self.agent_params, n_envs=1, device=self.device, seed=self.seed)
+        return self.fed_env
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "fed_env", "federation", "evaluator"]
+
+    def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
+        """Save parameters, configuration and random-stream state (SB3 zip format).
+
+        :param path: file path or file-like object
+        :param exclude: further attributes not to save
+        :param include: attributes to save although excluded by default
+        """
+        self._rng_state = self.federation.state_dict()
+        try:
+            super().save(path, exclude=exclude, include=include)
+        finally:
+            self._rng_state = None
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfFederatedAlgorithm],
+        path: Any,
+        env: Any = None,
+        device: torch.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfFederatedAlgorithm:
+        """Load a saved model; ``env`` optionally rebinds it to another env of the same family.
+
+        :param path: file path or file-like object written by :meth:`save`
+        :param env: optional environment of the same family
+        :param device: torch device
+        :param custom_objects: as SB3's ``load``
+        :param print_system_info: as SB3's ``load``
+        :param force_reset: unused (kept for SB3 compatibility)
+        :param kwargs: attributes to override after loading
+        """
+        model = super().load(path, env=None, device=device, custom_objects=custom_objects, print_system_info=print_system_info, **kwargs)
+        model._rng_state = None
+        if env is not None:
+            state = model.federation.state_dict()
+            model.set_env(env)
+            model.federation.load_state_dict(state)
+        return model
+
+
+def check_agents_per_round(agents_per_round: Any, n_agents: int) -> int | None:
+    """Client sampling's ``agents_per_round`` as an int in ``[1, n_agents]`` or ``None`` (all agents)."""
+    if agents_per_round is None:
+        return None
+    agents_per_round = check_int("agents_per_round", agents_per_round)
+    if agents_per_round > n_agents:
+        raise ValueError(f"agents_per_round must be at most the number of agents ({n_agents}), got {agents_per_round}")
+    return agents_per_round

@@ -1,0 +1,58 @@
+"""``learn`` set-up for algorithms that do not own one SB3 ``VecEnv``, and their progress bar."""
+
+from __future__ import annotations
+
+import time
+
+from stable_baselines3.common import utils
+from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.type_aliases import MaybeCallback
+
+__all__ = ["EnvFreeLearnMixin", "FederatedProgressBar"]
+
+
+class FederatedProgressBar(ProgressBarCallback):
+    """SB3's progress bar, advanced by the environment steps a round actually consumed."""
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        self._start = self.model.num_timesteps
+
+    def _on_step(self) -> bool:
+        self.pbar.update(self.model.num_timesteps - self._start - self.pbar.n)
+        return True
+
+
+class EnvFreeLearnMixin:
+    """``learn`` set-up for SB3 algorithms that do not own one SB3 ``VecEnv``.
+
+    SB3's ``_setup_learn`` resets ``self.env``; a federation samples through its own samplers (or
+    its agents' own SB3 models), so this version keeps only the counters, the logger and the
+    callbacks, and swaps SB3's progress bar for one advanced by the steps actually consumed.
+    """
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        self.start_time = time.time_ns()
+        if reset_num_timesteps:
+            self.num_timesteps = 0
+            self._episode_num = 0
+        else:
+            total_timesteps += self.num_timesteps
+        self._total_timesteps = total_timesteps
+        self._num_timesteps_at_start = self.num_timesteps
+        if not self._custom_logger:
+            self._logger = utils.configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+        return total_timesteps, self._init_callback(callback, progress_bar)
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        if progress_bar:
+            callback = [cb for cb in ([callback] if not isinstance(callback, list) else callback) if cb is not None]
+            callback = [*callback, FederatedProgressBar()]
+        return super()._init_callback(callback, progress_bar=False)

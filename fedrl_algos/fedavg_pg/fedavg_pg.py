@@ -1,0 +1,216 @@
+"""FedAvg-PG: FedAvg applied to policy gradient, the baseline of both papers.
+
+Papers: "Personalized Federated Policy Gradient" (the non-personalized baseline, α → 0 limit of
+Per-FedAvg-PG, Proposition 3) and the MFPO paper's comparison (section VI; with its GPOMDP
+estimator and step-size schedule), and FedPG-BR's unprotected baseline (an Adam server on the
+averaged gradient, under Byzantine attacks). Docs: ``docs/algorithms/fedavg_pg.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round, check_non_negative
+from fedrl_algos.common.deprecation import renamed_arguments
+from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
+from fedrl_algos.core.directions import GradientEstimator
+from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS, ScoreFunctionGradient
+from fedrl_algos.core.optim import AdamState, check_server_optimizer
+from fedrl_algos.core.schedules import as_step_size
+from fedrl_algos.fedavg_pg.update import fedavg_pg_round
+from fedrl_algos.policies import FlatPolicy
+from fedrl_envs.core import check_int
+
+__all__ = ["FedAvgPG"]
+
+
+class FedAvgPG(FederatedAlgorithm):
+    """Federated policy gradient by parameter averaging (FedAvg-PG).
+
+    Each round every participating agent starts from the server's θ and takes ``local_steps`` (K,
+    τ) ascent steps ``θ_k ← θ_k + α_t ĝ_k(θ_k)``, each from ``n_trajectories`` fresh trajectories
+    of its own MDP; the server averages the agents' parameters (``server_optimizer="sgd"``) or takes
+    an Adam step along the average local direction (``"adam"``). :func:`~fedrl_algos.fedavg_pg.update.fedavg_pg_round`
+    is the update, shared with ``fedrl reproduce mfpo/byzantine``.
+
+    The defaults are the Per-FedAvg-PG paper's baseline: the eq. (2) estimate (GPOMDP without a
+    baseline, i.e. ``Σ_h ∇log π R^h``) from the exact variant's per-step budget of 30 trajectories
+    (m_in = m_h = m_out = 10) and a constant step. The MFPO comparison's FedAvg-PG is
+    ``FedAvgPG(..., step_size=ExponentialStepSize(), local_steps=10, n_trajectories=20,
+    baseline="loo", gamma=0.99)``. Training does not depend on α; α is used only to evaluate the
+    post-adaptation objective F and as :meth:`adapt`'s default step. Docs: ``docs/algorithms/fedavg_pg.md``.
+
+    :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a FlatPolicy class
+    :param env: a registered fedrl id, a task family, or a ``FederatedVecEnv`` on a fedrl family
+    :param step_size: local step size: a number (β of the Per-FedAvg-PG paper) or a schedule
+        ``t -> α_t`` over local steps ``t = 1, 2, …`` (e.g. :class:`~fedrl_algos.core.schedules.ExponentialStepSize`)
+    :param local_steps: local steps per round (τ; the MFPO paper's K)
+    :param n_trajectories: trajectories per agent and local step (m; the MFPO paper's D)
+    :param estimator: ``"gpomdp"`` (reward-to-go weights) or ``"reinforce"`` (whole-return weights)
+    :param baseline: ``None`` (the paper's eq. (2)), ``"loo"`` (leave-one-out, unbiased) or ``"mean"``
+    :param server_optimizer: ``"sgd"`` (the server adopts the average, FedAvg) or ``"adam"``
+    :param server_step_size: Adam's step size (``server_optimizer="adam"`` only)
+    :param attack: what Byzantine agents do to their local directions: an
+        :class:`~fedrl_algos.core.attacks.Attack` or its name (``random_noise``, ``sign_flip``, ...)
+    :param byzantine_agents: indices of the Byzantine agents
+    :param alpha: adaptation step size used for evaluation and :meth:`adapt` only
+    :param gamma: discount γ
+    :param agents_per_round: agents sampled per round (default: all)
+    :param eval_trajectories: see :class:`~fedrl_algos.PerFedAvgPG`
+    :param eval_adapt_trajectories: see :class:`~fedrl_algos.PerFedAvgPG`
+    :param policy_kwargs: policy keyword arguments
+    :param tensorboard_log: TensorBoard log directory
+    :param seed: seed of every random stream
+    :param device: torch device
+    :param verbose: verbosity
+    :param deprecated_kwargs: ``beta`` (now ``step_size``), ``tau`` (now ``local_steps``) and
+        ``m_in``/``m_h``/``m_out`` (now their sum ``n_trajectories``; missing ones count 10, as
+        before), accepted with a ``DeprecationWarning`` for one release
+
+    >>> from fedrl_algos import FedAvgPG
+    >>> model = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.3, alpha=2.0, seed=0, device="cpu")
+    >>> model = model.learn(total_rounds=2)
+    >>> model.trajectories_per_agent
+    300
+    """
+
+    renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
+    _BATCH_PARTS: ClassVar[tuple[str, ...]] = ("m_in", "m_h", "m_out")
+
+    def __init__(
+        self,
+        policy: str | type[FlatPolicy],
+        env: Any,
+        step_size: float | Callable[[int], float] = 0.2,
+        local_steps: int = 5,
+        n_trajectories: int = 30,
+        estimator: str = "gpomdp",
+        baseline: str | None = None,
+        server_optimizer: str = "sgd",
+        server_step_size: float = 1e-3,
+        attack: Attack | str | None = None,
+        byzantine_agents: Sequence[int] = (),
+        alpha: float = 0.0,
+        gamma: float = 0.9,
+        agents_per_round: int | None = None,
+        eval_trajectories: int | None = None,
+        eval_adapt_trajectories: int = 64,
+        policy_kwargs: dict[str, Any] | None = None,
+        tensorboard_log: str | None = None,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        verbose: int = 0,
+        _init_setup_model: bool = True,
+        **deprecated_kwargs: Any,
+    ) -> None:
+        parts = {k: deprecated_kwargs.pop(k) for k in self._BATCH_PARTS if k in deprecated_kwargs}
+        if parts:
+            renamed_arguments(type(self).__name__, {k: "n_trajectories" for k in self._BATCH_PARTS}, parts)
+            lows = {"m_in": 1, "m_h": 0, "m_out": 0}
+            n_trajectories = sum(check_int(k, parts.get(k, 10), lows[k]) for k in self._BATCH_PARTS)
+        renamed = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs)
+        step_size, local_steps = renamed.get("step_size", step_size), renamed.get("local_steps", local_steps)
+        self.step_size = as_step_size(step_size)
+        self.local_steps = check_int("local_steps", local_steps)
+        self.n_trajectories = check_int("n_trajectories", n_trajectories)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        self.estimator_name, self.baseline = estimator, baseline
+        self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
+        if isinstance(server_step_size, bool) or not (isinstance(server_step_size, int | float) and server_step_size > 0):
+            raise ValueError(f"server_step_size must be a number > 0, got {server_step_size!r}")
+        self.server_step_size = float(server_step_size)
+        self.attack = make_attack(attack)
+        self.byzantine_agents = [check_int("byzantine_agents[]", k, 0) for k in byzantine_agents]
+        self.alpha = check_non_negative("alpha", alpha)
+        self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
+        self.agents_per_round = agents_per_round
+        self.local_step = 0
+        super().__init__(
+            policy,
+            env,
+            gamma=gamma,
+            eval_trajectories=eval_trajectories,
+            policy_kwargs=policy_kwargs,
+            tensorboard_log=tensorboard_log,
+            seed=seed,
+            device=device,
+            verbose=verbose,
+            _init_setup_model=_init_setup_model,
+        )
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _setup_model(self) -> None:
+        self.agents_per_round = check_agents_per_round(self.agents_per_round, self.n_agents)
+        if any(not 0 <= k < self.n_agents for k in self.byzantine_agents):
+            raise ValueError(f"byzantine_agents must be agent indices in [0, {self.n_agents - 1}], got {self.byzantine_agents}")
+        super()._setup_model()
+        self.estimator = self._make_estimator()
+        # Adam's state as tensors [1], [1, d] that SB3 saves with the parameters (zero for "sgd").
+        d, dtype = self.policy.n_params, self.policy.theta.dtype
+        if self.__dict__.get("adam_step") is None:
+            self.adam_step = torch.zeros(1, dtype=dtype)
+            self.adam_first = torch.zeros(1, d, dtype=dtype)
+            self.adam_second = torch.zeros(1, d, dtype=dtype)
+        self.adam_step, self.adam_first, self.adam_second = (x.to(self.device) for x in (self.adam_step, self.adam_first, self.adam_second))
+
+    def _make_estimator(self) -> GradientEstimator:
+        honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline)
+        if not self.byzantine_agents or self.attack.name == "none":
+            return honest
+        mask = torch.zeros(self.n_agents, dtype=torch.bool)
+        mask[self.byzantine_agents] = True
+        return AttackedEstimator(honest, self.attack, mask)
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "estimator"]
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, variables = super()._get_torch_save_params()
+        return state_dicts, [*variables, "adam_step", "adam_first", "adam_second"]
+
+    @property
+    def optimizer_state(self) -> AdamState | None:
+        """The server's Adam state (``server_optimizer="adam"``), batch shape ``[1]``; ``None`` for ``"sgd"``."""
+        if self.server_optimizer != "adam":
+            return None
+        return AdamState(self.adam_step, self.adam_first, self.adam_second)
+
+    # --- training ------------------------------------------------------------------------------
+    @property
+    def trajectories_per_round(self) -> int:
+        return self.local_steps * self.n_trajectories
+
+    @property
+    def updates_per_round(self) -> int:
+        return self.local_steps
+
+    @property
+    def participating_agents(self) -> int:
+        return self.agents_per_round or self.n_agents
+
+    @property
+    def adaptation_step_size(self) -> float:
+        return self.alpha
+
+    def _train_round(self) -> None:
+        theta = self.policy.theta.detach().unsqueeze(0)
+        new_theta, state, _ = fedavg_pg_round(
+            self.federation, theta, self.estimator, self.step_size, self.local_step, self.local_steps,
+            self.agents_per_round, self.optimizer_state, self.server_step_size,
+        )
+        if state is not None:
+            self.adam_step, self.adam_first, self.adam_second = state
+        self.local_step += self.local_steps
+        self.policy.theta.data.copy_(new_theta[0])
+
+    def evaluate_round(self) -> dict[str, float]:
+        """Exact ``F`` and ``f`` for tabular families; Monte Carlo pre/post-adaptation returns
+        when ``eval_trajectories > 0`` (as :meth:`PerFedAvgPG.evaluate_round`)."""
+        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories)

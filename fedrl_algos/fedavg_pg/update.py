@@ -1,0 +1,67 @@
+"""FedAvg-PG's round: local policy-gradient steps on every agent, then the server's aggregation.
+
+FedAvg (McMahan et al., 2017) applied to policy gradient: the baseline of the Per-FedAvg-PG paper
+(its α → 0 limit, Proposition 3: "Per-FedAvg-PG coincides with FedAvg applied to policy gradient")
+and of the MFPO paper's comparison (section VI). One function serves both: the local direction is
+any estimator (the paper's eq. (2) estimate, GPOMDP with a baseline, an attacked one), the step
+size a schedule ``α_t`` (a constant in the Per-FedAvg-PG paper, MFPO's ``α_t`` in its comparison),
+and the server either adopts the average (FedAvg) or takes an Adam step along it (FedAdam, Reddi
+et al., 2021; FedPG-BR's experimental protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fedrl_algos.core.aggregation import aggregate
+from fedrl_algos.core.directions import GradientEstimator
+from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.optim import AdamState, adam_ascent
+
+__all__ = ["fedavg_pg_round"]
+
+
+def fedavg_pg_round(
+    federation: Federation,
+    theta: torch.Tensor,
+    estimator: GradientEstimator,
+    step_size: Callable[[int], float],
+    step: int,
+    local_steps: int,
+    agents_per_round: int | None = None,
+    server_state: AdamState | None = None,
+    server_step_size: float = 1e-3,
+) -> tuple[torch.Tensor, AdamState | None, torch.Tensor | None]:
+    """One FedAvg-PG round for every run, from server parameters ``theta [R, d]``.
+
+    Every participating agent starts from θ and takes ``K`` local steps ``θ_k ← θ_k + α_t ĝ_k(θ_k)``
+    (``t = step + 1, …, step + K``) on fresh batches. The server then either adopts the average
+    ``θ ← mean_k θ_k`` (``server_state=None``) or takes an Adam step along the round's average local
+    direction ``(mean_k θ_k − θ) / Σ_t α_t`` (divided by the local step sizes so that a growing α_t
+    does not change what Adam sees; with K = 1 that is Adam on the averaged gradient).
+
+    :param federation: the batched federation (its agents' sampler, and the server streams that
+        draw the participating agents)
+    :param theta: server parameters ``[R, d]``
+    :param estimator: each agent's local direction ĝ_k
+    :param step_size: ``t -> α_t``
+    :param step: local steps done before this round
+    :param local_steps: K
+    :param agents_per_round: agents sampled without replacement per run (``None``: all)
+    :param server_state: Adam's state (``None``: plain averaging)
+    :param server_step_size: Adam's step size
+    :return: the new server parameters ``[R, d]``, Adam's new state (``None`` without Adam) and the
+        participation mask ``[R, n]`` (``None``: every agent)
+    """
+    mask = federation.participation(agents_per_round)
+    local = federation.broadcast(theta)
+    step_sum = 0.0
+    for t in range(step + 1, step + local_steps + 1):
+        step_sum += step_size(t)
+        local = local + step_size(t) * estimator(federation.sampler, local)
+    if server_state is None:
+        return aggregate(local, mask), None, mask
+    new_theta, new_state = adam_ascent(theta, (aggregate(local, mask) - theta) / step_sum, server_state, server_step_size)
+    return new_theta, new_state, mask

@@ -1,0 +1,5 @@
+"""Independent policy gradient (no communication): the from-scratch baseline."""
+
+from fedrl_algos.independent_pg.independent_pg import IndependentPG, independent_pg_steps
+
+__all__ = ["IndependentPG", "independent_pg_steps"]

@@ -1,0 +1,152 @@
+"""Independent policy gradient: every agent trains alone from the shared initialization.
+
+The from-scratch baseline of the Per-FedAvg-PG paper. Docs: ``docs/algorithms/independent_pg.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from fedrl_algos.common.base_class import FederatedAlgorithm, check_non_negative
+from fedrl_algos.common.deprecation import renamed_arguments
+from fedrl_algos.core.directions import PolicyGradient
+from fedrl_algos.core.federation import Federation
+from fedrl_algos.policies import FlatPolicy
+from fedrl_envs.core import check_int
+
+__all__ = ["IndependentPG", "independent_pg_steps"]
+
+
+def independent_pg_steps(
+    federation: Federation, theta: torch.Tensor, estimator: PolicyGradient, step_size: float, local_steps: int
+) -> torch.Tensor:
+    """``local_steps`` policy-gradient steps ``θ_i ← θ_i + β ĝ_i(θ_i)`` of every agent on its own
+    parameters ``[R, n, d]``, with no communication (ĝ: the eq. (2) estimate of the Per-FedAvg-PG paper).
+
+    :param federation: the batched federation (its agents' sampler)
+    :param theta: every agent's parameters ``[R, n, d]``
+    :param estimator: the policy-gradient estimate
+    :param step_size: β
+    :param local_steps: steps
+    """
+    return federation.independent_steps(theta, estimator, step_size, local_steps)
+
+
+class IndependentPG(FederatedAlgorithm):
+    """Every agent trains its own policy from the shared initialization, without communication.
+
+    The paper's from-scratch baseline. A "round" is ``local_steps`` policy-gradient steps of
+    ``n_trajectories`` trajectories on every agent; the agents' parameters are :attr:`agent_theta`
+    ``[n, d]`` and :meth:`predict` uses ``agent``'s own parameters. Docs: ``docs/algorithms/independent_pg.md``.
+
+    :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a FlatPolicy class
+    :param env: a registered fedrl id, a task family, or a ``FederatedVecEnv`` on a fedrl family
+    :param step_size: step size β
+    :param n_trajectories: trajectories per policy-gradient step (m)
+    :param local_steps: steps per round
+    :param gamma: discount γ
+    :param eval_trajectories: Monte Carlo rollouts per agent for ``eval/mc_return`` (default: 0
+        with an exact model, else 32)
+    :param policy_kwargs: policy keyword arguments
+    :param tensorboard_log: TensorBoard log directory
+    :param seed: seed of every random stream
+    :param device: torch device
+    :param verbose: verbosity
+    :param deprecated_kwargs: ``beta`` (now ``step_size``), ``m`` (now ``n_trajectories``) and
+        ``tau`` (now ``local_steps``), accepted with a ``DeprecationWarning`` for one release
+    """
+
+    renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "m": "n_trajectories", "tau": "local_steps"}
+    allows_new_agent_count: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        policy: str | type[FlatPolicy],
+        env: Any,
+        step_size: float = 0.2,
+        n_trajectories: int = 20,
+        local_steps: int = 1,
+        gamma: float = 0.9,
+        eval_trajectories: int | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        tensorboard_log: str | None = None,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        verbose: int = 0,
+        _init_setup_model: bool = True,
+        **deprecated_kwargs: Any,
+    ) -> None:
+        renamed = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs)
+        self.step_size = check_non_negative("step_size", renamed.get("step_size", step_size))
+        self.n_trajectories = check_int("n_trajectories", renamed.get("n_trajectories", n_trajectories))
+        self.local_steps = check_int("local_steps", renamed.get("local_steps", local_steps))
+        super().__init__(
+            policy,
+            env,
+            gamma=gamma,
+            eval_trajectories=eval_trajectories,
+            policy_kwargs=policy_kwargs,
+            tensorboard_log=tensorboard_log,
+            seed=seed,
+            device=device,
+            verbose=verbose,
+            _init_setup_model=_init_setup_model,
+        )
+
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        self.estimator = PolicyGradient(self.policy, self.gamma, self.n_trajectories, name="independent")
+        if self.__dict__.get("agent_theta") is None:
+            self.agent_theta = self.policy.theta.detach().expand(self.n_agents, -1).clone()
+        self.agent_theta = self.agent_theta.to(self.device)
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "estimator"]
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, variables = super()._get_torch_save_params()
+        return state_dicts, [*variables, "agent_theta"]
+
+    @property
+    def trajectories_per_round(self) -> int:
+        return self.local_steps * self.n_trajectories
+
+    @property
+    def updates_per_round(self) -> int:
+        return self.local_steps
+
+    def _train_round(self) -> None:
+        theta = self.agent_theta.unsqueeze(0)
+        self.agent_theta = independent_pg_steps(self.federation, theta, self.estimator, self.step_size, self.local_steps)[0]
+
+    def evaluate_round(self) -> dict[str, float]:
+        """Each agent's own return: exact for tabular families, Monte Carlo when ``eval_trajectories > 0``."""
+        out: dict[str, float] = {}
+        if self.evaluator is not None:
+            own = self.evaluator.returns(self.agent_theta.to(torch.float64).cpu())  # [n (theta), n (task)]
+            out["return"] = float(torch.diagonal(own).mean())
+        if self.eval_trajectories > 0:
+            out["mc_return"] = float(self.federation.evaluate(self.agent_theta.unsqueeze(0), self.eval_trajectories).mean())
+        return out
+
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False, agent: int | None = None) -> Any:
+        """SB3 ``predict``; with ``agent`` it uses that agent's own parameters.
+
+        :param observation: observation(s)
+        :param state: unused (no recurrent state)
+        :param episode_start: unused
+        :param deterministic: the most likely action instead of a sample
+        :param agent: agent index (default: the shared initialization)
+        """
+        if agent is None:
+            return super().predict(observation, state, episode_start, deterministic)
+        if not 0 <= agent < self.n_agents:
+            raise ValueError(f"agent must be in [0, {self.n_agents - 1}], got {agent}")
+        saved = self.policy.theta.detach().clone()
+        try:
+            self.policy.theta.data.copy_(self.agent_theta[agent])
+            return self.policy.predict(observation, state, episode_start, deterministic)
+        finally:
+            self.policy.theta.data.copy_(saved)

@@ -1,0 +1,7 @@
+"""MFPO (momentum-assisted federated policy optimization): the SB3-style class and its update."""
+
+from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
+from fedrl_algos.mfpo.mfpo import MFPO
+from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate, momentum_direction, server_step
+
+__all__ = ["MFPO", "ExponentialStepSize", "MFPOState", "MFPOUpdate", "MomentumSchedule", "momentum_direction", "server_step"]

@@ -1,0 +1,213 @@
+"""MFPO: momentum-assisted federated policy optimization, the SB3-style shell.
+
+Paper: "Momentum-Based Federated Reinforcement Learning with Interaction and Communication
+Efficiency" (MFPO), section IV, eq. (3)–(8) and Algorithm 1; experimental settings of section VI-A3.
+The update is :mod:`fedrl_algos.mfpo.update`. Docs: ``docs/algorithms/mfpo.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from fedrl_algos.common.base_class import FederatedAlgorithm
+from fedrl_algos.common.evaluation import server_policy_metrics
+from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS
+from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
+from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
+from fedrl_algos.policies import FlatPolicy
+from fedrl_envs.core import check_int
+
+__all__ = ["MFPO"]
+
+# The paper's schedules (section VI-A3); frozen dataclasses, so one shared default is safe.
+_PAPER_STEP_SIZE = ExponentialStepSize()
+_PAPER_MOMENTUM = MomentumSchedule()
+
+
+class MFPO(FederatedAlgorithm):
+    """Momentum-assisted federated policy optimization (MFPO).
+
+    Every agent keeps a momentum direction ũ_i that is corrected with importance-weighted
+    gradients of its previous parameters (eq. 3–4) and takes local ascent steps; every ``K``
+    local steps (one communication round) the server averages parameters and directions and takes
+    one more step along the averaged direction (eq. 6–8). The learned policy is the server's θ̄.
+    Docs: ``docs/algorithms/mfpo.md``.
+
+    Importance weights ``w = Π π_{t−1}/Π π_t`` are computed in log space, so they never overflow,
+    and truncated at ``max_importance_weight`` (default 2: on heterogeneous CartPole untruncated
+    weights reached 500 and training stalled; ``None``: exact, only the overflow guard),
+    or self-normalized over each agent's batch with ``self_normalize_weights=True``.
+
+    :param policy: ``"MlpPolicy"`` (categorical or Gaussian head), ``"TabularPolicy"`` or a
+        :class:`~fedrl_algos.policies.FlatPolicy` class
+    :param env: a registered fedrl id (its family's training tasks: one agent each), a task
+        family, or a ``FederatedVecEnv`` on a fedrl family
+    :param step_size: α_t: a number or a callable ``t -> α_t`` (default: the paper's
+        ``1e-4·0.99^(−t)``, capped at 1e-3: :class:`ExponentialStepSize`)
+    :param momentum: ν_t: a number in [0, 1] or a callable ``(t, α_t) -> ν_t`` (default: the paper's
+        ``1 − 3α_t``: :class:`MomentumSchedule`)
+    :param local_steps: K, local steps per communication round (paper: 10 on classic control)
+    :param n_trajectories: D, trajectories per agent and local step (paper: 20)
+    :param initial_trajectories: D̃, trajectories of the initial direction (default ``D·K``, as
+        Theorem 1)
+    :param estimator: ``"gpomdp"`` or ``"reinforce"``
+    :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"`` or ``None``
+    :param max_importance_weight: truncation of importance weights (default 2; ``None``: none but
+        the overflow guard)
+    :param self_normalize_weights: self-normalize importance weights per agent batch
+    :param gamma: discount γ (paper: 0.99)
+    :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
+        (0: off; tabular families always log the exact discounted return)
+    :param policy_kwargs: keyword arguments of the policy (paper: ``net_arch=(16, 16)``,
+        ``activation="relu"``)
+    :param tensorboard_log: TensorBoard log directory
+    :param seed: seed of every random stream of the run (drawn at random when ``None``)
+    :param device: torch device
+    :param verbose: 0 silent, 1 logger output to stdout
+
+    >>> from fedrl_algos import MFPO
+    >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
+    >>> model = model.learn(total_rounds=2)
+    >>> model.local_step, model.trajectories_per_agent
+    (4, 20)
+    """
+
+    stop_rollouts_when_done: ClassVar[bool] = True
+    allows_new_agent_count: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        policy: str | type[FlatPolicy],
+        env: Any,
+        step_size: float | Callable[[int], float] = _PAPER_STEP_SIZE,
+        momentum: float | Callable[[int, float], float] = _PAPER_MOMENTUM,
+        local_steps: int = 10,
+        n_trajectories: int = 20,
+        initial_trajectories: int | None = None,
+        estimator: str = "gpomdp",
+        baseline: str | None = "loo",
+        max_importance_weight: float | None = 2.0,
+        self_normalize_weights: bool = False,
+        gamma: float = 0.99,
+        eval_trajectories: int = 0,
+        policy_kwargs: dict[str, Any] | None = None,
+        tensorboard_log: str | None = None,
+        seed: int | None = None,
+        device: torch.device | str = "auto",
+        verbose: int = 0,
+        _init_setup_model: bool = True,
+    ) -> None:
+        self.step_size = as_step_size(step_size)
+        self.momentum = as_momentum(momentum)
+        self.local_steps = check_int("local_steps", local_steps)
+        self.n_trajectories = check_int("n_trajectories", n_trajectories)
+        if initial_trajectories is None:
+            initial_trajectories = self.n_trajectories * self.local_steps
+        self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        self.estimator_name, self.baseline = estimator, baseline
+        if max_importance_weight is not None and not (
+            isinstance(max_importance_weight, int | float) and not isinstance(max_importance_weight, bool) and max_importance_weight >= 1.0
+        ):
+            raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
+        self.max_importance_weight = None if max_importance_weight is None else float(max_importance_weight)
+        self.self_normalize_weights = bool(self_normalize_weights)
+        self.local_step = 0
+        self.env_steps_per_agent = 0.0
+        super().__init__(
+            policy,
+            env,
+            gamma=gamma,
+            eval_trajectories=eval_trajectories,
+            policy_kwargs=policy_kwargs,
+            tensorboard_log=tensorboard_log,
+            seed=seed,
+            device=device,
+            verbose=verbose,
+            _init_setup_model=_init_setup_model,
+        )
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        self.update = MFPOUpdate(
+            self.policy,
+            self.gamma,
+            self.local_steps,
+            self.n_trajectories,
+            self.initial_trajectories,
+            self.step_size,
+            self.momentum,
+            self.estimator_name,
+            self.baseline,
+            self.max_importance_weight,
+            self.self_normalize_weights,
+        )
+        d = self.policy.n_params
+        if self.__dict__.get("agent_direction") is None:
+            self.agent_direction = torch.zeros(self.n_agents, d, dtype=self.policy.theta.dtype)
+        if self.__dict__.get("agent_theta_prev") is None:
+            self.agent_theta_prev = self.policy.theta.detach().expand(self.n_agents, d).clone()
+        self.agent_direction = self.agent_direction.to(self.device)
+        self.agent_theta_prev = self.agent_theta_prev.to(self.device)
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, variables = super()._get_torch_save_params()
+        return state_dicts, [*variables, "agent_direction", "agent_theta_prev"]
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "update"]
+
+    # --- training ------------------------------------------------------------------------------
+    @property
+    def state(self) -> MFPOState:
+        """The current :class:`MFPOState` (batch ``[1, n, d]``)."""
+        theta = self.policy.theta.detach().reshape(1, 1, -1).expand(1, self.n_agents, -1)
+        return MFPOState(theta.clone(), self.agent_direction.unsqueeze(0), self.agent_theta_prev.unsqueeze(0), self.local_step)
+
+    @property
+    def trajectories_per_round(self) -> int:
+        """``K · D`` (the first round's initial direction costs ``D̃ − D`` more, counted when it runs)."""
+        return self.local_steps * self.n_trajectories
+
+    @property
+    def updates_per_round(self) -> int:
+        return self.local_steps
+
+    def _train_round(self) -> None:
+        first = self.local_step == 0
+        state, info = self.update.round(self.federation.sampler, self.state)
+        self.policy.theta.data.copy_(state.theta[0, 0])
+        self.agent_direction = state.direction[0].clone()
+        self.agent_theta_prev = state.theta_prev[0].clone()
+        self.local_step = state.step
+        if first:  # the initial direction used D̃ trajectories instead of D
+            self.trajectories_per_agent += self.initial_trajectories - self.n_trajectories
+        self.env_steps_per_agent += float(info["env_steps"].mean())
+        self._last_info = info
+
+    def _log_round(self) -> None:
+        info = self.__dict__.get("_last_info")
+        if info is not None:
+            self.logger.record("train/local_step", self.local_step)
+            self.logger.record("train/env_steps_per_agent", self.env_steps_per_agent)
+            self.logger.record("train/return", float(info["return"].mean()))
+            self.logger.record("train/step_size", info["alpha"])
+            self.logger.record("train/momentum", info["nu"])
+            self.logger.record("train/direction_norm", float(self.agent_direction[0].norm()))
+            for key in ("weight_mean", "weight_max", "clipped_fraction"):
+                if info[key] is not None:
+                    self.logger.record(f"train/importance_{key}", info[key])
+        super()._log_round()
+
+    def evaluate_round(self) -> dict[str, float]:
+        """The server policy's average return over agents: exact (discounted) ``exact_return`` for
+        tabular families; Monte Carlo undiscounted ``return`` and ``discounted_return`` when
+        ``eval_trajectories > 0``."""
+        return server_policy_metrics(self)

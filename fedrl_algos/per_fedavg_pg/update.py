@@ -1,0 +1,134 @@
+"""Per-FedAvg-PG's update: the meta-gradient estimators and the round of Algorithm 1.
+
+Paper: "Personalized Federated Policy Gradient" (Per-FedAvg-PG). Every agent i ascends the
+meta-objective ``F_i(θ) = J_i(θ + α∇J_i(θ))`` (eq. (5)); its gradient is eq. (6),
+``∇F_i(θ) = (I + α∇²J_i(θ)) ∇J_i(θ + α∇J_i(θ))``, estimated by
+
+* :class:`ExactMetaGradient` — eq. (7), ``(I + αĤ) ĝ_out``;
+* :class:`FirstOrderMetaGradient` — section 5, ``ĝ_out`` alone;
+
+and :func:`per_fedavg_pg_round` is one communication round of Algorithm 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
+from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
+from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.trajectories import Trajectories
+from fedrl_envs.core import check_int
+
+__all__ = ["ExactMetaGradient", "FirstOrderMetaGradient", "per_fedavg_pg_round"]
+
+
+class _MetaBase(GradientEstimator):
+    """What both meta-gradients share: the inner adaptation step and the outer gradient."""
+
+    def __init__(self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int) -> None:
+        super().__init__(policy, gamma)
+        self.alpha = check_step_size_or_tensor("alpha", alpha)
+        self.m_in = check_int("m_in", m_in)
+        self.m_out = check_int("m_out", m_out)
+
+    def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
+        """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
+        g_in = policy_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma)
+        return theta + scale(self.alpha, g_in)
+
+    def outer_gradient(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
+        """``ĝ_out``: the eq. (2) estimate at ``θ̃`` from a fresh outer batch sampled with ``θ̃``."""
+        adapted = self.adapted(sampler, theta)
+        return policy_gradient(self.policy, adapted, sampler(adapted, self.m_out), self.gamma)
+
+
+class FirstOrderMetaGradient(_MetaBase):
+    """The first-order estimator ``∇̂F_i^FO(θ) = ĝ_out`` (section 5: eq. (7) without the curvature
+    factor): cost ``m_in + m_out`` trajectories per step."""
+
+    name = "first_order"
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.m_in + self.m_out
+
+    def __call__(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
+        return self.outer_gradient(sampler, theta)
+
+
+class ExactMetaGradient(_MetaBase):
+    """The exact-variant estimator of eq. (7), ``∇̂F_i(θ) = (I + αĤ) ĝ_out``: cost ``m_in + m_h + m_out``.
+
+    ``ĝ_in`` (m_in trajectories at θ), ``θ̃ = θ + αĝ_in``, ``ĝ_out`` (m_out at θ̃) and ``Ĥ`` (eq. (3),
+    m_h at θ) come from three independent batches. ``Ĥ ĝ_out`` is a Hessian-vector product (the
+    policy's closed form where it has one, autograd otherwise), computed in chunks of at most
+    ``hvp_chunk`` trajectories to keep intermediates cache-sized.
+
+    :param policy: the flat policy
+    :param gamma: discount γ
+    :param alpha: adaptation step size α (a number, or a tensor broadcastable to θ, e.g. ``[R, 1, 1]``
+        for one α per run: an α sweep is one batched program)
+    :param m_in: inner batch
+    :param m_h: Hessian batch
+    :param m_out: outer batch
+    :param hvp_chunk: trajectories per chunk of the Hessian-vector product
+    """
+
+    name = "exact"
+
+    def __init__(
+        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100
+    ) -> None:
+        super().__init__(policy, gamma, alpha, m_in, m_out)
+        self.m_h = check_int("m_h", m_h)
+        self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.m_in + self.m_h + self.m_out
+
+    def __call__(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
+        g_out = self.outer_gradient(sampler, theta)
+        if not isinstance(self.alpha, torch.Tensor) and self.alpha == 0.0:
+            # The curvature term is multiplied by α: skip the Hessian batch's work, not its draws,
+            # so the random streams advance exactly as for α > 0. (A tensor α computes the term for
+            # every row; rows with α = 0 get g_out + 0·Ĥg_out, the same values.)
+            sampler(theta, self.m_h)
+            return g_out
+        curvature = self.curvature(sampler, theta, g_out)
+        return g_out + scale(self.alpha, curvature)
+
+    def curvature(self, sampler: SamplerFn, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``Ĥ v`` from a fresh batch of ``m_h`` trajectories at θ."""
+        traj = sampler(theta, self.m_h)
+        if self.m_h <= self.hvp_chunk:
+            return hessian_vector_product(self.policy, theta, traj, v, self.gamma)
+        total = torch.zeros_like(theta)
+        m_axis = theta.dim() - 1
+        for start in range(0, self.m_h, self.hvp_chunk):
+            part = Trajectories(*(x.narrow(m_axis, start, min(self.hvp_chunk, self.m_h - start)) for x in traj))
+            total = total + hessian_vector_product(self.policy, theta, part, v, self.gamma) * part.n_trajectories
+        return total / self.m_h
+
+
+def per_fedavg_pg_round(
+    federation: Federation,
+    theta: torch.Tensor,
+    estimator: GradientEstimator,
+    step_size: float,
+    local_steps: int,
+    agents_per_round: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One round of Algorithm 1 for every run: broadcast θ^k, ``τ`` local steps
+    ``θ_i ← θ_i + β ∇̂F_i(θ_i)`` on fresh batches, average ``θ^{k+1} = (1/n) Σ_i θ_i``.
+
+    :param federation: the batched federation (its samplers and random streams)
+    :param theta: server parameters ``[R, d]``
+    :param estimator: the local direction ∇̂F_i (:class:`ExactMetaGradient` or :class:`FirstOrderMetaGradient`)
+    :param step_size: β
+    :param local_steps: τ
+    :param agents_per_round: agents sampled without replacement per run (``None``: all)
+    :return: the new server parameters ``[R, d]`` and the participation mask (``None``: all)
+    """
+    return federation.round(theta, estimator, step_size, local_steps, agents_per_round)

@@ -1,0 +1,164 @@
+"""Policies over flat parameter vectors with arbitrary leading batch dimensions.
+
+Every policy is an SB3 ``BasePolicy`` (so ``predict`` works as in SB3, and its single parameter
+``theta`` — the shared initialization, flat ``[d]`` — saves and loads with SB3 utilities), and its
+math takes the parameters *explicitly*: ``log_prob(theta, obs, actions)`` accepts ``theta`` of shape
+``[*B, d]`` and observations ``[*B, *M, *obs_shape]``, so one call evaluates a whole federation
+(``B = (run, agent)``) on all of its trajectories (``M = (traj, time)``).
+
+Parameter layouts (documented because experiments and tests index into them):
+
+* :class:`TabularPolicy`: ``theta[s * A + a]`` is the logit of action ``a`` in state ``s`` (row-major
+  ``[S, A]``), initialized to zero (the uniform policy).
+* :class:`MlpPolicy`: per layer ``W`` (``[in, out]``, row-major) then ``b`` (``[out]``), layers in
+  order. The paper's arc-navigation network 2 → 32 tanh → 8 has ``d = 2·32 + 32 + 32·8 + 8 = 360``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
+from torch import nn
+
+from fedrl_algos.core.estimators import autograd_hvp, autograd_score_gradient
+from fedrl_algos.core.protocols import KernelRolloutPlan
+from fedrl_algos.core.trajectories import Trajectories
+from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
+
+__all__ = ["FlatPolicy", "CategoricalMixin", "sample_categorical"]
+
+
+def sample_categorical(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: ``uniform[...]`` in [0, 1) → action index ``[...]`` (int64)."""
+    cdf = torch.softmax(logits, dim=-1).cumsum(-1)
+    return (cdf < uniform.unsqueeze(-1).to(cdf.dtype)).sum(-1).clamp_(max=logits.shape[-1] - 1)
+
+
+class FlatPolicy(BasePolicy):
+    """Base class: a stochastic policy whose parameters are one flat vector.
+
+    :param observation_space: observation space of one environment
+    :param action_space: action space of one environment
+    :param dtype: floating dtype of the parameters (float32 is about 2× faster; float64 for checks)
+    """
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(observation_space, action_space)
+        self.param_dtype = dtype
+        self.theta = nn.Parameter(self.initial_parameters(), requires_grad=False)
+
+    # --- to implement --------------------------------------------------------------------------
+    @property
+    def n_params(self) -> int:
+        """Number of parameters d."""
+        raise NotImplementedError
+
+    def initial_parameters(self) -> torch.Tensor:
+        """The default initialization ``[d]``."""
+        raise NotImplementedError
+
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log π(a | s; θ)`` of shape ``[*B, *M]`` for ``theta [*B, d]``, ``obs [*B, *M, ...]``."""
+        raise NotImplementedError
+
+    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        """Actions ``[*B, *M, ...]`` drawn from the policy with each row's own random stream."""
+        raise NotImplementedError
+
+    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The most likely action (deterministic prediction)."""
+        raise NotImplementedError
+
+    # --- calculus: autograd defaults, overridden by policies with closed forms ------------------
+    def score_gradient(self, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> torch.Tensor:
+        """``(1/m) Σ_j Σ_h ψ_{j,h} ∇log π(a_{j,h} | s_{j,h}; θ)`` for every row: ``[*B, d]``.
+
+        The default differentiates :meth:`log_prob` (one autograd call for the whole batch).
+
+        :param theta: parameters ``[*B, d]``
+        :param traj: trajectories ``[*B, m, T, ...]``
+        :param weights: step weights ``ψ [*B, m, T]`` (0 after termination), treated as constants
+        """
+        return autograd_score_gradient(self, theta, traj, weights)
+
+    def hvp(self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The curvature estimate ``(1/m) Σ_ξ [g(ξ) ∇log q(ξ)ᵀv + ∇²ν(ξ) v]`` applied to ``v``: ``[*B, d]``.
+
+        ``ν(ξ) = Σ_h ψ_h log π(a_h|s_h)`` and ``g = ∇ν`` (Per-FedAvg-PG paper, eq. (3), with
+        ``ψ_h = R^h``). The default uses autograd (a forward-mode JVP and a double backward).
+
+        :param theta: parameters ``[*B, d]`` the trajectories were sampled with
+        :param traj: trajectories ``[*B, m, T, ...]``
+        :param v: direction ``[*B, d]``
+        :param weights: step weights ``ψ [*B, m, T]``
+        """
+        return autograd_hvp(self, theta, traj, v, weights)
+
+    def kernel_rollout_plan(self, family: Any, params: Any) -> KernelRolloutPlan | None:
+        """A faster rollout of this policy through ``family``'s kernels on task rows ``params``.
+
+        ``None`` (the default): the sampler steps the kernels with :meth:`sample`. A policy that
+        overrides it must return exactly the trajectories and leave the random streams exactly as
+        the generic rollout would (tests hold both equal).
+
+        :param family: the task family
+        :param params: task parameters stacked over the sampler's rows
+        """
+        return None
+
+    # --- SB3 interface -------------------------------------------------------------------------
+    def seed_predictions(self, seed: int) -> None:
+        """Key the random stream of stochastic :meth:`predict` calls (algorithms derive it from their seed)."""
+        self._predict_streams = RandomStreams(derive_keys(int(seed), torch.arange(1)), self.theta.device)
+
+    def _check_observation(self, obs: torch.Tensor) -> None:
+        space = self.observation_space
+        if isinstance(space, spaces.Discrete):
+            if obs.is_floating_point() and not bool((obs == obs.round()).all()):
+                raise ValueError(f"observation must hold integer states of {space}, got non-integer values")
+            if obs.numel() and (bool((obs < space.start).any()) or bool((obs >= space.start + space.n).any())):
+                raise ValueError(f"observation must lie in [{space.start}, {space.start + space.n - 1}] ({space})")
+
+    def _predict(self, observation: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        theta = self.theta.detach()
+        obs = observation.to(self.theta.device)
+        self._check_observation(obs)
+        if deterministic:
+            return self.mode(theta, obs)
+        if getattr(self, "_predict_streams", None) is None:
+            # A policy used on its own (not through an algorithm) draws its key from fresh entropy.
+            self.seed_predictions(seed_from_entropy())
+        return self.sample(theta, obs.unsqueeze(0), self._predict_streams)[0]
+
+    def forward(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return self._predict(obs, deterministic)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(dtype=self.param_dtype)
+        return data
+
+
+class CategoricalMixin:
+    """Shared pieces of policies with a ``Discrete`` action space."""
+
+    def logits(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(self.logits(theta, obs), dim=-1)
+        return torch.gather(logp, -1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        logits = self.logits(theta, obs)
+        batch_dims = streams.keys.dim()
+        u = streams.uniform(logits.shape[batch_dims:-1], dtype=logits.dtype)
+        return sample_categorical(logits, u)
+
+    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return self.logits(theta, obs).argmax(-1)
+
+
