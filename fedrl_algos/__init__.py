@@ -3,7 +3,7 @@
 >>> from fedrl_algos import PerFedAvgPG, FedAvgPG, IndependentPG
 """
 
-from fedrl_algos.fed_sb3 import FedAvgSB3
+from fedrl_algos.fedavg_sb3 import FedAvgSB3
 from fedrl_algos.fedpg_br import FedPGBR
 from fedrl_algos.mfpo import MFPO
 from fedrl_algos.per_fedavg import FedAvgPG, IndependentPG, PerFedAvgPG
