@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from fedrl_algos._cli_args import positive_int
-from fedrl_algos.core import ExactMetaGradient, Sampler, aggregate, local_update
+from fedrl_algos.core import KernelSampler, aggregate, local_update
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 from fedrl_algos.core.federation import Federation, run_keys
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, index_params, stack_params
@@ -66,7 +67,7 @@ def _looped_round(cfg: dict[str, Any], seeds: torch.Tensor, theta: torch.Tensor,
     for r in range(len(seeds)):
         local = []
         for i in range(n):
-            sampler = Sampler(cfg["family"], index_params(params, torch.tensor([i])), cfg["policy"], RandomStreams(keys[r, i].reshape(1, 1)))
+            sampler = KernelSampler(cfg["family"], index_params(params, torch.tensor([i])), cfg["policy"], RandomStreams(keys[r, i].reshape(1, 1)))
             local.append(local_update(estimator, sampler, theta[r].reshape(1, 1, -1), cfg["beta"], tau)[0, 0])
         out.append(aggregate(torch.stack(local).unsqueeze(0))[0])
     return torch.stack(out)

@@ -1,10 +1,21 @@
-"""FedAvgSB3 (Fed-DQN, Fed-SAC, Fed-PPO): the server rule by hand, what a sync touches, the shell."""
+"""FedAvgSB3 (Fed-DQN, Fed-SAC, Fed-PPO): the server rule by hand, what a sync touches, the shell.
+
+Also: files saved before the split into :mod:`fedrl_algos.fedavg_sb3` still load, and the
+deprecated module ``fedrl_algos.fed_sb3`` still resolves every old name.
+"""
 
 from __future__ import annotations
 
 import copy
 import csv
+import importlib
+import io
+import json
+import pathlib
+import re
 import types
+import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -13,17 +24,15 @@ from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
+import fedrl_algos.fedavg_sb3
+import fedrl_algos.reproduce.sb3_baselines
 from fedrl_algos import FedAvgSB3
-from fedrl_algos.fed_sb3 import (
-    BASELINES,
-    ParameterAverage,
-    PolicySelector,
-    PrefixSelector,
-    default_selector,
-    run_fed_baseline,
-)
+from fedrl_algos.fedavg_sb3 import ParameterAverage, PolicySelector, PrefixSelector, default_selector, parameter_average
+from fedrl_algos.fedavg_sb3.persistence import CONFIG_NAME, FORMAT_VERSION, read_archive, write_archive
+from fedrl_algos.reproduce.sb3_baselines import SB3_BASELINE_DEFAULTS, run_fed_baseline
 from wrappers import FederatedVecEnv
 
+DATA = pathlib.Path(__file__).parent / "data"
 CARTPOLE = "fedrl/CartPole-v0"
 PENDULUM = "fedrl/Pendulum-v0"
 TINY = {"policy_kwargs": {"net_arch": [8]}}
@@ -77,6 +86,16 @@ def test_parameter_average_by_hand():
     # dispersion: mean over agents of ||θ_i − θ̄||; θ_i − θ̄ = (v−3)·1 on the 6 weights, (b−2)·1 on 2 biases, 2(b−2) on 1
     expected = np.mean([np.sqrt(6 * (v - 3) ** 2 + 2 * (b - 2) ** 2 + 4 * (b - 2) ** 2) for v, b in [(1, 0), (2, 1), (6, 5)]])
     assert stats["dispersion"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_parameter_average_update_by_hand():
+    flat = torch.tensor([[0.0, 0.0, 2.0], [4.0, 8.0, 2.0]])
+    mean, dispersion = parameter_average(flat, torch.tensor([3.0, 1.0], dtype=torch.float64))
+    assert torch.equal(mean, torch.tensor([1.0, 2.0, 2.0]))  # (3·row0 + 1·row1) / 4
+    # ‖row0 − mean‖ = √5, ‖row1 − mean‖ = √(9 + 36) = 3√5
+    assert float(dispersion) == pytest.approx(2 * np.sqrt(5), rel=1e-6)
+    mean, dispersion = parameter_average(flat)
+    assert torch.equal(mean, torch.tensor([2.0, 4.0, 2.0])) and float(dispersion) == pytest.approx(np.sqrt(20))
 
 
 def test_parameter_average_weights_and_selection():
@@ -343,6 +362,112 @@ def test_save_load_custom_rule_needs_the_rule(tmp_path):
     assert loaded.aggregator is rule
 
 
+def test_loads_a_federation_saved_before_the_split():
+    # tests/data/fedavg_sb3_format1_halfcheetah.zip was saved by fedrl_algos/fed_sb3.py at commit e06eef9:
+    #   FedAvgSB3(SAC, "HalfCheetah-v5", agent_kwargs=mujoco_agent_kwargs(mass_scale=[0.9, 1.1]), sync_every=20,
+    #             seed=0, algorithm_kwargs={"learning_starts": 20, "batch_size": 8, "buffer_size": 100,
+    #             "policy_kwargs": {"net_arch": [8]}}, device="cpu").learn(80).save(...)
+    # and the .json beside it holds that federation's deterministic actions on a fixed batch of observations.
+    pytest.importorskip("mujoco")
+    from wrappers.heterogeneity import MuJoCoDynamics
+
+    expected = json.loads((DATA / "fedavg_sb3_format1_halfcheetah.json").read_text())
+    loaded = FedAvgSB3.load(DATA / "fedavg_sb3_format1_halfcheetah.zip", device="cpu")
+    try:
+        assert loaded.num_timesteps == 80 and loaded.rounds_done == 2 and loaded.sync_every == 20
+        assert loaded.n_agents == 2 and loaded.aggregate_mode == "policy" and loaded.seed == 0
+        assert type(loaded.agents[0]) is SAC
+        assert [k["wrappers"] for k in loaded.get_env().agent_kwargs] == [[MuJoCoDynamics(0.9, 1.0)], [MuJoCoDynamics(1.1, 1.0)]]
+        obs = np.linspace(-1, 1, 34, dtype=np.float32).reshape(2, 17)
+        for agent, actions in enumerate(expected["deterministic_actions_per_agent"]):
+            got = loaded.predict(obs, deterministic=True, agent=agent)[0]
+            assert np.array_equal(got, np.asarray(actions, dtype=np.float32))  # bitwise the saved networks
+        loaded.learn(40, reset_num_timesteps=False)
+        assert loaded.num_timesteps == 120 and loaded.rounds_done == 3
+    finally:
+        loaded.close()
+
+
+def test_archive_format_version_is_checked(tmp_path):
+    fed = _fed(DQN)
+    buf = io.BytesIO()
+    fed.save(buf)
+    config, blobs = read_archive(io.BytesIO(buf.getvalue()))
+    assert config["format_version"] == FORMAT_VERSION == 1 and len(blobs) == 2
+    for version in (FORMAT_VERSION + 1, None):
+        write_archive(tmp_path / "other", {**config, "format_version": version}, blobs)
+        with pytest.raises(ValueError, match="format_version"):
+            FedAvgSB3.load(tmp_path / "other")
+    write_archive(tmp_path / "same", config, blobs)
+    assert FedAvgSB3.load(tmp_path / "same.zip", device="cpu").n_agents == 2
+    assert sorted(zipfile.ZipFile(tmp_path / "same.zip").namelist()) == sorted([CONFIG_NAME, "agent_0.zip", "agent_1.zip"])
+
+
+# --- the deprecated module and the layering ---------------------------------------------------
+MOVED = {
+    "FedAvgSB3": (fedrl_algos.fedavg_sb3, "FedAvgSB3"),
+    "Aggregator": (fedrl_algos.fedavg_sb3, "Aggregator"),
+    "ParameterAverage": (fedrl_algos.fedavg_sb3, "ParameterAverage"),
+    "PolicySelector": (fedrl_algos.fedavg_sb3, "PolicySelector"),
+    "PrefixSelector": (fedrl_algos.fedavg_sb3, "PrefixSelector"),
+    "broadcast": (fedrl_algos.fedavg_sb3, "broadcast"),
+    "default_selector": (fedrl_algos.fedavg_sb3, "default_selector"),
+    "BASELINES": (fedrl_algos.reproduce.sb3_baselines, "SB3_BASELINE_DEFAULTS"),
+    "run_fed_baseline": (fedrl_algos.reproduce.sb3_baselines, "run_fed_baseline"),
+}
+
+
+@pytest.mark.parametrize("old", list(MOVED))
+def test_deprecated_fed_sb3_names_resolve_to_their_new_objects(old):
+    module, new = MOVED[old]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # importing the old module alone warns about nothing
+        old_module = importlib.reload(importlib.import_module("fedrl_algos.fed_sb3"))
+    with pytest.warns(DeprecationWarning, match=re.escape(f"{module.__name__}.{new}" if new != old else module.__name__)) as record:
+        obj = getattr(old_module, old)
+    assert obj is getattr(module, new)
+    assert record[0].filename == __file__  # the warning points at the caller's line
+    assert old not in dir(old_module)  # not advertised: pytest's collection walks dir() and would warn
+
+
+def test_deprecated_fed_sb3_import_statement_and_unknown_names():
+    with pytest.warns(DeprecationWarning, match="BASELINES is now fedrl_algos.reproduce.sb3_baselines.SB3_BASELINE_DEFAULTS"):
+        from fedrl_algos.fed_sb3 import BASELINES
+    assert BASELINES is SB3_BASELINE_DEFAULTS
+    with pytest.warns(DeprecationWarning, match="run_fed_baseline moved to fedrl_algos.reproduce.sb3_baselines"):
+        from fedrl_algos.fed_sb3 import run_fed_baseline as old_run
+    assert old_run is run_fed_baseline
+    import fedrl_algos.fed_sb3 as old_module
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match="no_such_name"):
+            old_module.no_such_name  # noqa: B018
+        with pytest.raises(AttributeError):
+            old_module._check_int  # noqa: B018  (private helpers were never API)
+
+
+def test_the_algorithm_package_does_not_import_its_experiment_settings():
+    import test_layers
+
+    graph = test_layers.import_graph()
+    package = "fedrl_algos.fedavg_sb3"
+    ours = [m for m in graph if test_layers._within(m, package)]
+    assert set(ours) == {package, f"{package}.aggregation", f"{package}.fedavg_sb3", f"{package}.persistence"}
+    reached, todo = set(), list(ours)  # everything the package imports, directly or not
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in reached:
+                reached.add(target)
+                todo.append(target)
+    assert not {m for m in reached if test_layers._within(m, "fedrl_algos.reproduce")}
+    assert not {m for m in reached if m == "fedrl_algos.fed_sb3"}
+    assert "fedrl_algos.fedavg_sb3" in graph["fedrl_algos.reproduce.sb3_baselines"]
+    involved = [c for c in test_layers._cycles(graph) if any(test_layers._within(m, package) or m in (
+        "fedrl_algos.fed_sb3", "fedrl_algos.reproduce.sb3_baselines") for m in c)]
+    assert not involved
+
+
 # --- validation --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "match"),
@@ -368,10 +493,22 @@ def test_bad_arguments_name_themselves(kwargs, match):
         FedAvgSB3(**args)
 
 
+@pytest.mark.parametrize("name", ["sync_every", "n_agents", "n_envs"])
+def test_non_integer_counts_name_themselves(name):
+    # fedrl_envs.core.check_int: a float is never truncated, a bool is not a count
+    args = {"algorithm_class": DQN, "env": CARTPOLE, "n_agents": 2, "algorithm_kwargs": DQN_KW, "device": "cpu"}
+    for bad in (40.0, True):
+        with pytest.raises(TypeError, match=name):
+            FedAvgSB3(**{**args, name: bad})
+
+
 def test_bad_call_arguments():
     fed = _fed(DQN)
-    with pytest.raises(ValueError, match="agent"):
+    with pytest.raises(ValueError, match=r"agent must be in \[0, 1\], got 2"):
         fed.predict(np.zeros((1, 4), dtype=np.float32), agent=2)
+    with pytest.raises(ValueError, match="agent"):
+        fed.predict(np.zeros((1, 4), dtype=np.float32), agent=-1)
+    assert fed.predict(np.zeros((1, 4), dtype=np.float32), agent=np.int64(1))[0].shape == (1,)
     with pytest.raises(ValueError, match="total_timesteps"):
         fed.learn(0)
     with pytest.raises(ValueError, match="n_agents"):
@@ -389,7 +526,7 @@ def test_run_fed_baseline_records():
     assert last["method"] == "Fed-DQN" and last["n_agents"] == 2 and last["round"] == 4
     assert len(last["eval_return_per_agent"]) == 2 and last["eval_return"] >= 1
     assert last["eval_return"] == pytest.approx(np.mean(last["eval_return_per_agent"]))
-    assert set(BASELINES) == {"Fed-DQN", "Fed-SAC", "Fed-PPO"}
+    assert set(SB3_BASELINE_DEFAULTS) == {"Fed-DQN", "Fed-SAC", "Fed-PPO"}
     with pytest.raises(ValueError, match="algo"):
         run_fed_baseline("Fed-A3C", CARTPOLE, 2, 100, 0)
 

@@ -30,13 +30,15 @@ from typing import Any
 
 import torch
 
-from fedrl_algos.attacks import AttackedEstimator, attack_streams, make_attack
+from fedrl_algos.core.aggregation import aggregate
+from fedrl_algos.core.attacks import AttackedEstimator, attack_streams, make_attack
+from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
-from fedrl_algos.core.meta import GradientEstimator, aggregate
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
+from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
-from fedrl_algos.mfpo import ExponentialStepSize, MFPOState, MFPOUpdate, MomentumSchedule
+from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, register
 from fedrl_envs import stack_params
@@ -336,7 +338,7 @@ def train_sb3_baseline(method: str, env: str, seeds: Sequence[int], budget: floa
 
     Their evaluation (issue 7's protocol) is deterministic episodes on every agent's own task.
     """
-    from fedrl_algos.fed_sb3 import run_fed_baseline
+    from fedrl_algos.reproduce.sb3_baselines import run_fed_baseline
 
     total = max(int(budget * n_agents), n_agents)
     out = []
@@ -533,7 +535,7 @@ class MFPOComparison(Experiment):
                 missing[method] = "not run (option sb3_baselines off)"
                 continue
             try:
-                import fedrl_algos.fed_sb3  # noqa: F401
+                import fedrl_algos.fedavg_sb3  # noqa: F401
             except ImportError:
                 continue
             rows = _timed(False, method, wall, lambda _, method=method: train_sb3_baseline(method, env, seed_list, opts["sb3_budget"], device=device))

@@ -32,11 +32,13 @@ from typing import Any
 
 import torch
 
-from fedrl_algos.core.estimators import policy_gradient
+from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.meta import FirstOrderMetaGradient
-from fedrl_algos.core.mlp_hvp import FastMlpPolicy, is_softmax_mlp, mlp_hvp, mlp_rollout
-from fedrl_algos.core.rollout import Trajectories, rollout
+from fedrl_algos.core.sampling import rollout
+from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
+from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
+from fedrl_algos.policies.mlp_kernels import mlp_rollout
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, register
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
 
@@ -242,7 +244,7 @@ class MetaSweep:
         for s, (params, streams) in self.hessian_samplers.items():
             rows = slice(s * self.n_seeds, (s + 1) * self.n_seeds)
             traj = fast_rollout(self.family, params, self.policy, local[rows], streams, self.m_hs[s])
-            direction[rows] += self.alpha * mlp_hvp(self.policy, local[rows], traj, g_out[rows], self.gamma)
+            direction[rows] += self.alpha * hessian_vector_product(self.policy, local[rows], traj, g_out[rows], self.gamma)
         return direction
 
     def round(self) -> None:

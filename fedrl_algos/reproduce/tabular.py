@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.meta import ExactMetaGradient, FirstOrderMetaGradient, GradientEstimator, PolicyGradient
+from fedrl_algos.core.directions import GradientEstimator, PolicyGradient
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, progress_bar, register

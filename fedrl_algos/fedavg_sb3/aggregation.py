@@ -1,0 +1,236 @@
+"""FedAvgSB3's server step: which tensors of the agents' SB3 models take part, and their average.
+
+The update is FedAvg's weighted parameter average (McMahan et al., 2017,
+https://arxiv.org/abs/1602.05629, Algorithm 1, server line ``w_{t+1} ← Σ_k (n_k / n) w^k_{t+1}``),
+written here as ``θ̄ = Σ_i w_i θ_i / Σ_i w_i`` over the agents' selected tensors:
+
+* :func:`parameter_average` is the pure update on flat parameters ``[n_agents, d] → [d]``;
+* :class:`PrefixSelector` and :class:`PolicySelector` pick the tensors that take part (by name in
+  ``model.policy``), :func:`default_selector` holds the documented choice per ``aggregate=`` mode;
+* :class:`ParameterAverage` is the server rule (a strategy object) that stacks the selected
+  tensors, applies :func:`parameter_average` and copies the result back in place;
+  :func:`broadcast` is the server's initialization (one agent's tensors to all).
+
+Nothing is pickled or sent anywhere; replay buffers, rollout buffers and optimizer states are
+never touched. See ``docs/algorithms/fedavg_sb3.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.policies import ActorCriticPolicy
+
+from fedrl_algos.core.aggregation import aggregate as server_average
+
+#: A selector maps an SB3 model to the tensors of it that take part, by name.
+Selector = Callable[[BaseAlgorithm], dict[str, torch.Tensor]]
+
+
+# --------------------------------------------------------------------------------------------------
+# Which tensors are averaged
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefixSelector:
+    """Select an SB3 model's tensors by name: ``model.policy``'s parameters and floating buffers.
+
+    Names are those of ``model.policy.named_parameters()`` (shared modules appear once, under
+    their first name) and ``named_buffers()``; ``attributes`` adds tensors the algorithm holds
+    outside its policy (SAC's ``log_ent_coef``), under their attribute name, where present.
+
+    :param include: keep names starting with one of these prefixes (``None``: every name)
+    :param exclude: then drop names starting with one of these prefixes
+    :param attributes: names of tensor attributes of the algorithm to add when they exist
+    """
+
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+    attributes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for field in ("include", "exclude", "attributes"):
+            value = getattr(self, field)
+            if value is None and field == "include":
+                continue
+            value = (value,) if isinstance(value, str) else value
+            if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{field} must be a tuple of name prefixes (str), got {value!r}")
+            object.__setattr__(self, field, tuple(value))
+
+    def __call__(self, model: BaseAlgorithm) -> dict[str, torch.Tensor]:
+        policy = model.policy
+        named: dict[str, torch.Tensor] = dict(policy.named_parameters())
+        for name, buf in policy.named_buffers():
+            if torch.is_floating_point(buf):
+                named.setdefault(name, buf)
+        out = {
+            name: t
+            for name, t in named.items()
+            if (self.include is None or name.startswith(self.include)) and not (self.exclude and name.startswith(self.exclude))
+        }
+        for attr in self.attributes:
+            value = getattr(model, attr, None)
+            if isinstance(value, torch.Tensor) and torch.is_floating_point(value):
+                out[attr] = value
+        return out
+
+
+# Value-only parts of SB3's ActorCriticPolicy (PPO, A2C); everything else shapes the action distribution.
+_VALUE_ONLY = ("value_net.", "mlp_extractor.value_net.", "vf_features_extractor.")
+
+
+@dataclass(frozen=True)
+class PolicySelector:
+    """The policy network of an SB3 model, found from its policy's structure at call time.
+
+    * an ``ActorCriticPolicy`` (PPO, A2C): every tensor but the value-only parts (``value_net``,
+      ``mlp_extractor.value_net``, a separate ``vf_features_extractor``) — the features
+      extractor, policy MLP, ``action_net`` and ``log_std`` shape the action distribution;
+    * a policy with a ``q_net`` (DQN): ``q_net`` (not ``q_net_target``);
+    * a policy with an ``actor`` (SAC, TD3, DDPG): ``actor`` (not ``actor_target``, not the critics).
+    """
+
+    def prefixes(self, model: BaseAlgorithm) -> PrefixSelector:
+        """The :class:`PrefixSelector` this selector amounts to for ``model``.
+
+        :param model: an SB3 model
+        """
+        policy = model.policy
+        if isinstance(policy, ActorCriticPolicy):
+            return PrefixSelector(None, _VALUE_ONLY)
+        if isinstance(getattr(policy, "q_net", None), torch.nn.Module):
+            return PrefixSelector(("q_net.",))
+        if isinstance(getattr(policy, "actor", None), torch.nn.Module):
+            return PrefixSelector(("actor.",))
+        raise ValueError(
+            f"aggregate='policy' has no default for {type(model).__name__} (its policy has no actor, q_net or "
+            "actor-critic structure): pass aggregate='all' or aggregate=ParameterAverage(PrefixSelector(include=(...,)))"
+        )
+
+    def __call__(self, model: BaseAlgorithm) -> dict[str, torch.Tensor]:
+        return self.prefixes(model)(model)
+
+
+def default_selector(mode: str) -> PolicySelector | PrefixSelector:
+    """The documented tensors averaged for ``aggregate=mode`` (see ``docs/algorithms/fedavg_sb3.md``).
+
+    ``"policy"``: :class:`PolicySelector` — DQN's ``q_net``; SAC's, TD3's and DDPG's ``actor``;
+    PPO's and A2C's policy without its value-only parts. ``"all"``: every parameter and floating
+    buffer of the SB3 policy (online and target networks, actor and critics) and SAC's learned
+    entropy coefficient ``log_ent_coef``.
+
+    :param mode: ``"policy"`` or ``"all"``
+    """
+    if mode == "policy":
+        return PolicySelector()
+    if mode == "all":
+        return PrefixSelector(None, (), ("log_ent_coef",))
+    raise ValueError(f"aggregate must be 'policy', 'all' or a ParameterAverage, got {mode!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The update and the server rule
+# --------------------------------------------------------------------------------------------------
+def parameter_average(flat: torch.Tensor, weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FedAvg's server update on flat parameters: ``θ̄ = Σ_i w_i θ_i / Σ_i w_i``, and the client drift.
+
+    McMahan et al. (2017), Algorithm 1, server line ``w_{t+1} ← Σ_k (n_k / n) w^k_{t+1}`` (their
+    weights ``n_k`` are the clients' data sizes; here any non-negative ``w_i``, the plain mean by
+    default). The average itself is :func:`fedrl_algos.core.aggregation.aggregate`, the server average
+    every federation of fedrl shares.
+
+    >>> mean, dispersion = parameter_average(torch.tensor([[0.0, 0.0], [3.0, 4.0]]))
+    >>> mean.tolist(), float(dispersion)
+    ([1.5, 2.0], 2.5)
+
+    :param flat: every agent's selected parameters, one row per agent: ``[n_agents, d]``
+    :param weights: optional non-negative per-agent weights ``[n_agents]`` (normalized to sum to one)
+    :return: the average ``[d]`` and the dispersion, the mean over agents of ``‖θ_i − θ̄‖`` (a scalar)
+    """
+    mean = server_average(flat, weights)
+    return mean, (flat - mean).norm(dim=1).mean()
+
+
+class Aggregator(Protocol):
+    """A server rule: updates the agents' models in place, returns metrics to log."""
+
+    def __call__(self, models: Sequence[BaseAlgorithm]) -> dict[str, float]: ...
+
+
+class ParameterAverage:
+    """FedAvg's server step on the selected tensors: ``θ ← Σ_i w_i θ_i / Σ_i w_i`` for every agent.
+
+    The selected tensors of each agent are flattened into one row of ``[n_agents, d]``, averaged
+    by :func:`parameter_average` and copied back into every agent's tensors in place under
+    ``torch.no_grad`` (so optimizers keep their references, and their states — like every
+    unselected tensor, replay buffer and rollout buffer — are left as they are).
+
+    :param selector: which tensors (default: :class:`PrefixSelector` of everything in the policy)
+    :param weights: optional non-negative per-agent weights (default: the plain mean)
+    """
+
+    def __init__(self, selector: Selector | None = None, weights: Sequence[float] | torch.Tensor | None = None) -> None:
+        if selector is not None and not callable(selector):
+            raise ValueError(f"selector must be callable (model -> dict of tensors), got {selector!r}")
+        self.selector = selector if selector is not None else PrefixSelector()
+        if weights is not None:
+            weights = torch.as_tensor(weights, dtype=torch.float64)
+            if weights.dim() != 1 or bool((weights < 0).any()) or not bool(weights.sum() > 0):
+                raise ValueError(f"weights must be a 1-d list of non-negative numbers, not all 0, got {weights.tolist()}")
+        self.weights = weights
+
+    def __repr__(self) -> str:
+        weights = None if self.weights is None else self.weights.tolist()
+        return f"ParameterAverage({self.selector!r}, weights={weights})"
+
+    def select(self, models: Sequence[BaseAlgorithm]) -> list[dict[str, torch.Tensor]]:
+        """Each agent's selected tensors, checked to have the same names and shapes.
+
+        :param models: the agents' SB3 models
+        """
+        named = [self.selector(m) for m in models]
+        ref = {k: tuple(v.shape) for k, v in named[0].items()}
+        if not ref:
+            raise ValueError(f"the selector {self.selector!r} selects no tensor of {type(models[0]).__name__}")
+        for i, d in enumerate(named[1:], start=1):
+            if {k: tuple(v.shape) for k, v in d.items()} != ref:
+                raise ValueError(f"agent {i} has other tensors than agent 0 under {self.selector!r}")
+        return named
+
+    def __call__(self, models: Sequence[BaseAlgorithm]) -> dict[str, float]:
+        if len(models) == 0:
+            raise ValueError("models must be a non-empty list of SB3 models")
+        if self.weights is not None and len(self.weights) != len(models):
+            raise ValueError(f"weights has {len(self.weights)} entries for {len(models)} agents")
+        named = self.select(models)
+        names = list(named[0])
+        with torch.no_grad():
+            flat = torch.stack([torch.cat([d[k].detach().reshape(-1) for k in names]) for d in named])  # [n, d]
+            weights = None if self.weights is None else self.weights.to(flat.device)
+            mean, dispersion = parameter_average(flat, weights)  # [d], []
+            for d in named:
+                offset = 0
+                for k in names:
+                    t = d[k]
+                    t.copy_(mean[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
+        return {"dispersion": float(dispersion), "n_averaged": float(mean.numel())}
+
+
+def broadcast(models: Sequence[BaseAlgorithm], selector: Selector, source: int = 0) -> None:
+    """Copy the selected tensors of ``models[source]`` into every other model, in place.
+
+    :param models: the agents' SB3 models
+    :param selector: which tensors (names and shapes must agree across the models)
+    :param source: index of the model whose tensors are copied
+    """
+    named = ParameterAverage(selector).select(models)
+    with torch.no_grad():
+        for i, d in enumerate(named):
+            if i != source:
+                for k, t in d.items():
+                    t.copy_(named[source][k])
