@@ -223,19 +223,6 @@ class ArcNavigationEnv(FamilyEnv[ArcNavigationParams]):
     #: side length in pixels of ``rgb_array`` frames
     frame_pixels: ClassVar[int] = 128
 
-    def __init__(
-        self,
-        agent: int | None = None,
-        goal: tuple[float, float] | None = None,
-        horizon: int = 20,
-        goal_radius: float = 0.2,
-        step_size: float = 0.15,
-        render_mode: str | None = None,
-    ) -> None:
-        super().__init__(
-            render_mode=render_mode, agent=agent, goal=goal, horizon=horizon, goal_radius=goal_radius, step_size=step_size
-        )
-
     def _render_rgb_array(self) -> np.ndarray:
         n = self.frame_pixels
         centers = (np.arange(n) + 0.5) / n * 2.0 - 1.0

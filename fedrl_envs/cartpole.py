@@ -38,10 +38,8 @@ TAU = 0.02
 X_THRESHOLD = 2.4
 #: the episode terminates when ``|theta|`` exceeds 12 degrees (rad)
 THETA_THRESHOLD = 12 * 2 * math.pi / 360
-#: Gymnasium's default task (agent 0)
+#: Gymnasium's default task (agent 0), in the order of the default population's design columns
 CARTPOLE_DEFAULTS: dict[str, float] = {"length": 0.5, "masspole": 0.1, "masscart": 1.0, "force_mag": 10.0}
-#: order of the task parameters in the default population (column ``p`` of the design)
-PARAM_NAMES = ("length", "masspole", "masscart", "force_mag")
 #: multiplier of each of the 5 levels of the default-population design: 1 + 0.25·d, d ≡ level (mod 5) in {-2..2}
 LEVEL_FACTORS = (1.0, 1.25, 1.5, 0.5, 0.75)
 N_DEFAULT_AGENTS = 10
@@ -86,6 +84,48 @@ def _short(value: torch.Tensor) -> float:
     return float(str(np.float32(value.item())))
 
 
+class _DefaultPopulation:
+    """Task catalogue of a classic-control family (shared with Pendulum): 10 agents around Gymnasium's task.
+
+    Agent ``k`` gives parameter ``p`` (in ``defaults``' order) the value
+    ``defaults[p] * level_factors[population_levels(...)[k][p]]``; a family's ``make_params`` keeps
+    its explicit signature (the env constructors take it) and builds through :meth:`_population_params`.
+    """
+
+    #: the family's frozen parameter dataclass (tensor fields named like ``defaults``, plus ``horizon``)
+    params_cls: ClassVar[type]
+    #: Gymnasium's value of each task parameter (agent 0), in the order of the design's columns
+    defaults: ClassVar[dict[str, float]]
+    #: multiplier of each of the 5 levels of the design
+    level_factors: ClassVar[tuple[float, ...]]
+
+    def default_agent_values(self, agent: int) -> dict[str, float]:
+        """Parameters of agent ``agent`` (0..9) of the default population, as Python floats."""
+        levels = population_levels(len(self.defaults))[agent]
+        return {name: default * self.level_factors[lv] for (name, default), lv in zip(self.defaults.items(), levels)}
+
+    def _population_params(self, agent: int | None, horizon: int, given: dict[str, Any]) -> Any:
+        """Agent ``agent``'s parameters (0 when ``None``) with the non-``None`` values of ``given`` replacing its own."""
+        horizon = check_int("horizon", horizon, 0)
+        agent = 0 if agent is None else check_int("agent", agent, 0, N_DEFAULT_AGENTS - 1)
+        values = self.default_agent_values(agent)
+        for name, value in given.items():
+            if value is not None:
+                values[name] = _positive_float(name, value)
+        return self.params_cls(**{k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()}, horizon=horizon)
+
+    @property
+    def train_tasks(self) -> list[Any]:
+        """The default population of 10 agents (see the env class's Arguments)."""
+        return [self.make_params(agent=k) for k in range(N_DEFAULT_AGENTS)]  # type: ignore[attr-defined]
+
+    def task_kwargs(self, task: Any) -> dict[str, Any]:
+        return {name: _short(getattr(task, name)) for name in self.defaults} | {"horizon": task.horizon}
+
+    def describe_task(self, task: Any) -> str:
+        return ", ".join(f"{name}={_short(getattr(task, name)):g}" for name in self.defaults)
+
+
 @dataclass(frozen=True)
 class CartPoleParams:
     """Parameters of one CartPole task (or of a stack of tasks along a leading agent axis).
@@ -126,7 +166,7 @@ class CartPoleParams:
         )
 
 
-class CartPoleFamily(TaskFamily[CartPoleParams]):
+class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     """Kernels and task catalogue of ``fedrl/CartPole-v0``.
 
     The kernel state is ``(x, x_dot, theta, theta_dot)`` (float32 in the environments); the kernels
@@ -135,6 +175,9 @@ class CartPoleFamily(TaskFamily[CartPoleParams]):
 
     env_id = "fedrl/CartPole-v0"
     reset_noise_dim = 4
+    params_cls = CartPoleParams
+    defaults = CARTPOLE_DEFAULTS
+    level_factors = LEVEL_FACTORS
 
     # --- kernels -------------------------------------------------------------------------------
     def reset(self, params: CartPoleParams, noise: torch.Tensor) -> torch.Tensor:
@@ -194,31 +237,8 @@ class CartPoleFamily(TaskFamily[CartPoleParams]):
         """Validated parameters: agent ``agent`` of the default population (0 = Gymnasium's
         defaults when ``None``), with any of ``length``, ``masspole``, ``masscart``, ``force_mag``
         given by keyword replacing that agent's value."""
-        horizon = check_int("horizon", horizon, 0)
-        agent = 0 if agent is None else check_int("agent", agent, 0, N_DEFAULT_AGENTS - 1)
-        values = default_agent_values(agent)
         given = {"length": length, "masspole": masspole, "masscart": masscart, "force_mag": force_mag}
-        for name, value in given.items():
-            if value is not None:
-                values[name] = _positive_float(name, value)
-        return CartPoleParams(**{k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()}, horizon=horizon)
-
-    @property
-    def train_tasks(self) -> list[CartPoleParams]:
-        """The default population of 10 agents (see ``CartPoleEnv``'s Arguments)."""
-        return [self.make_params(agent=k) for k in range(N_DEFAULT_AGENTS)]
-
-    def task_kwargs(self, task: CartPoleParams) -> dict[str, Any]:
-        return {name: _short(getattr(task, name)) for name in PARAM_NAMES} | {"horizon": task.horizon}
-
-    def describe_task(self, task: CartPoleParams) -> str:
-        return ", ".join(f"{name}={_short(getattr(task, name)):g}" for name in PARAM_NAMES)
-
-
-def default_agent_values(agent: int) -> dict[str, float]:
-    """Parameters of agent ``agent`` (0..9) of the default population, as Python floats."""
-    levels = population_levels(len(PARAM_NAMES))[agent]
-    return {name: CARTPOLE_DEFAULTS[name] * LEVEL_FACTORS[lv] for name, lv in zip(PARAM_NAMES, levels)}
+        return self._population_params(agent, horizon, given)
 
 
 CARTPOLE = CartPoleFamily()
@@ -319,26 +339,6 @@ class CartPoleEnv(FamilyEnv[CartPoleParams]):
 
     family = CARTPOLE
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 50}
-
-    def __init__(
-        self,
-        agent: int | None = None,
-        length: float | None = None,
-        masspole: float | None = None,
-        masscart: float | None = None,
-        force_mag: float | None = None,
-        horizon: int = 499,
-        render_mode: str | None = None,
-    ) -> None:
-        super().__init__(
-            render_mode=render_mode,
-            agent=agent,
-            length=length,
-            masspole=masspole,
-            masscart=masscart,
-            force_mag=force_mag,
-            horizon=horizon,
-        )
 
     def _render_ansi(self) -> str:
         x, x_dot, theta, theta_dot = self.state.tolist()

@@ -11,6 +11,7 @@ place, not in the kernels.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "params_to",
     "index_params",
     "check_int",
+    "check_seed",
     "check_device",
     "alive_mask",
 ]
@@ -55,6 +57,17 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> i
         allowed = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {allowed}, got {value}")
     return int(value)
+
+
+def check_seed(seed: Any, name: str = "seed") -> int | None:
+    """An optional seed argument: ``None`` (draw one later) or an ``int`` (:func:`check_int`).
+
+    Any integer from ``-2**63`` up is a seed: :func:`fedrl_envs.derive_keys` wraps it to int64.
+
+    :param seed: the argument to check
+    :param name: the argument's name, for the error message
+    """
+    return None if seed is None else check_int(name, seed, -(2**63))
 
 
 def alive_mask(terminated: torch.Tensor) -> torch.Tensor:
@@ -241,14 +254,33 @@ class TaskFamily(ABC, Generic[P]):
 class FamilyEnv(gym.Env, Generic[P]):
     """A single-agent ``gymnasium.Env`` over a :class:`TaskFamily` kernel (batch of one).
 
-    Subclasses set ``family`` and document the task arguments; keyword arguments are passed to
-    ``family.make_params``.
+    Subclasses set ``family`` and document the task arguments in their docstring. The constructor
+    takes ``family.make_params``'s arguments, then ``render_mode``: each subclass gets that
+    signature (``inspect.signature(GridWorldEnv)``, ``help``) from the family, so the task
+    arguments and their defaults are written once, in ``make_params``.
     """
 
     family: ClassVar[TaskFamily]
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, render_mode: str | None = None, **task_kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        family = cls.__dict__.get("family")
+        if family is not None:
+            task = inspect.signature(family.make_params)
+            render_mode = inspect.Parameter(
+                "render_mode", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="str | None"
+            )
+            cls.__signature__ = task.replace(
+                parameters=[*task.parameters.values(), render_mode], return_annotation=inspect.Signature.empty
+            )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            task_kwargs = inspect.signature(type(self)).bind(*args, **kwargs).arguments
+        except TypeError as err:
+            raise TypeError(f"{type(self).__name__}: {err}") from None
+        render_mode = task_kwargs.pop("render_mode", None)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
@@ -383,8 +415,7 @@ class FamilyVectorEnv(VectorEnv):
         autoreset: bool = True,
     ) -> None:
         n_envs = check_int("n_envs", n_envs, 1)
-        if seed is not None:
-            seed = check_int("seed", seed, -(2**63))
+        seed = check_seed(seed)
         self.family = family
         self.device = check_device(device)
         if isinstance(tasks, Sequence):
@@ -499,8 +530,8 @@ class FamilyVectorEnv(VectorEnv):
             if len(set(seed)) != 1:
                 raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
             seed = seed[0]
+        seed = check_seed(seed)
         if seed is not None:
-            seed = check_int("seed", seed, -(2**63))
             self.streams = self._make_streams(seed)
             self._seed = seed
         self._state = self._draw_reset_states()

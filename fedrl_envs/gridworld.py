@@ -257,16 +257,6 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
     #: pixels per grid cell in ``rgb_array`` frames
     cell_pixels: ClassVar[int] = 16
 
-    def __init__(
-        self,
-        agent: int | None = None,
-        goal: tuple[int, int] | None = None,
-        size: int = 5,
-        horizon: int = 15,
-        render_mode: str | None = None,
-    ) -> None:
-        super().__init__(render_mode=render_mode, agent=agent, goal=goal, size=size, horizon=horizon)
-
     def _render_ansi(self) -> str:
         size, s = self.params.size, int(self.state)
         goal = int(self.params.goal_index)

@@ -19,8 +19,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl_envs.cartpole import _positive_float, _short, population_levels
-from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.cartpole import _DefaultPopulation
+from fedrl_envs.core import FamilyEnv, TaskFamily
 
 __all__ = ["PendulumParams", "PendulumFamily", "PendulumEnv", "PENDULUM", "PENDULUM_DEFAULTS", "angle_normalize"]
 
@@ -30,13 +30,11 @@ MAX_TORQUE = 2.0
 MAX_SPEED = 8.0
 #: seconds per step
 DT = 0.05
-#: Gymnasium's default task (agent 0); ``gravity`` is Gymnasium's ``g``
+#: Gymnasium's default task (agent 0), in the order of the default population's design columns;
+#: ``gravity`` is Gymnasium's ``g``
 PENDULUM_DEFAULTS: dict[str, float] = {"mass": 1.0, "length": 1.0, "gravity": 10.0}
-#: order of the task parameters in the default population (column ``p`` of the design)
-PARAM_NAMES = ("mass", "length", "gravity")
 #: multiplier of each of the 5 levels of the default-population design: 1 + 0.1·d, d ≡ level (mod 5) in {-2..2}
 LEVEL_FACTORS = (1.0, 1.1, 1.2, 0.8, 0.9)
-N_DEFAULT_AGENTS = 10
 
 
 def angle_normalize(theta: torch.Tensor) -> torch.Tensor:
@@ -78,7 +76,7 @@ class PendulumParams:
         )
 
 
-class PendulumFamily(TaskFamily[PendulumParams]):
+class PendulumFamily(_DefaultPopulation, TaskFamily[PendulumParams]):
     """Kernels and task catalogue of ``fedrl/Pendulum-v0``.
 
     The kernel state is ``(theta, theta_dot)`` (float32 in the environments) with θ kept in
@@ -87,6 +85,9 @@ class PendulumFamily(TaskFamily[PendulumParams]):
 
     env_id = "fedrl/Pendulum-v0"
     reset_noise_dim = 2
+    params_cls = PendulumParams
+    defaults = PENDULUM_DEFAULTS
+    level_factors = LEVEL_FACTORS
 
     # --- kernels -------------------------------------------------------------------------------
     def reset(self, params: PendulumParams, noise: torch.Tensor) -> torch.Tensor:
@@ -143,30 +144,7 @@ class PendulumFamily(TaskFamily[PendulumParams]):
         """Validated parameters: agent ``agent`` of the default population (0 = Gymnasium's
         defaults when ``None``), with any of ``mass``, ``length``, ``gravity`` given by keyword
         replacing that agent's value."""
-        horizon = check_int("horizon", horizon, 0)
-        agent = 0 if agent is None else check_int("agent", agent, 0, N_DEFAULT_AGENTS - 1)
-        values = default_agent_values(agent)
-        for name, value in (("mass", mass), ("length", length), ("gravity", gravity)):
-            if value is not None:
-                values[name] = _positive_float(name, value)
-        return PendulumParams(**{k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()}, horizon=horizon)
-
-    @property
-    def train_tasks(self) -> list[PendulumParams]:
-        """The default population of 10 agents (see ``PendulumEnv``'s Arguments)."""
-        return [self.make_params(agent=k) for k in range(N_DEFAULT_AGENTS)]
-
-    def task_kwargs(self, task: PendulumParams) -> dict[str, Any]:
-        return {name: _short(getattr(task, name)) for name in PARAM_NAMES} | {"horizon": task.horizon}
-
-    def describe_task(self, task: PendulumParams) -> str:
-        return ", ".join(f"{name}={_short(getattr(task, name)):g}" for name in PARAM_NAMES)
-
-
-def default_agent_values(agent: int) -> dict[str, float]:
-    """Parameters of agent ``agent`` (0..9) of the default population, as Python floats."""
-    levels = population_levels(len(PARAM_NAMES))[agent]
-    return {name: PENDULUM_DEFAULTS[name] * LEVEL_FACTORS[lv] for name, lv in zip(PARAM_NAMES, levels)}
+        return self._population_params(agent, horizon, {"mass": mass, "length": length, "gravity": gravity})
 
 
 PENDULUM = PendulumFamily()
@@ -271,19 +249,6 @@ class PendulumEnv(FamilyEnv[PendulumParams]):
 
     family = PENDULUM
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 20}
-
-    def __init__(
-        self,
-        agent: int | None = None,
-        mass: float | None = None,
-        length: float | None = None,
-        gravity: float | None = None,
-        horizon: int = 199,
-        render_mode: str | None = None,
-    ) -> None:
-        super().__init__(
-            render_mode=render_mode, agent=agent, mass=mass, length=length, gravity=gravity, horizon=horizon
-        )
 
     def _render_ansi(self) -> str:
         theta, theta_dot = self.state.tolist()

@@ -151,6 +151,18 @@ def balancing_action(obs: np.ndarray) -> int:
     return int(obs @ np.array([0.1, 0.5, 10.0, 2.0]) > 0)
 
 
+def synced_step(ours, ref, t: int, action):
+    """Put both environments into Gymnasium's current state, rounded to float32, at time ``t``; step both.
+
+    The state is written to ``ref.unwrapped`` (an attribute set on Gymnasium's outer wrapper would
+    not reach the environment). Returns ``(ours.step(action), ref.step(action))``.
+    """
+    state = ref.unwrapped.state.astype(np.float32)
+    ref.unwrapped.state = state.astype(np.float64)
+    ours.set_state(state, t=t)
+    return ours.step(action), ref.step(action)
+
+
 @pytest.mark.parametrize("policy", ["balance", "random"])
 def test_cartpole_whole_episodes_match_gymnasium(policy):
     """Whole episodes from Gymnasium's own starts: termination, the 500-step truncation, rewards.
@@ -166,12 +178,8 @@ def test_cartpole_whole_episodes_match_gymnasium(policy):
     for episode in range(3):
         ref_obs, _ = ref.reset(seed=episode)
         for t in range(1000):
-            state = ref.unwrapped.state.astype(np.float32)
-            ref.state = state.astype(np.float64)
-            ours.set_state(state, t=t)
             action = balancing_action(ref_obs) if policy == "balance" else int(rng.integers(2))
-            ref_obs, ref_reward, ref_term, ref_trunc, _ = ref.step(action)
-            obs, reward, term, trunc, _ = ours.step(action)
+            (obs, reward, term, trunc, _), (ref_obs, ref_reward, ref_term, ref_trunc, _) = synced_step(ours, ref, t, action)
             np.testing.assert_allclose(obs, ref_obs, rtol=CP_TOL, atol=CP_TOL)
             assert (reward, term, trunc) == (ref_reward, ref_term, ref_trunc), t
             if term or trunc:
@@ -229,12 +237,8 @@ def test_pendulum_whole_episodes_match_gymnasium():
     for episode in range(2):
         ref_obs, _ = ref.reset(seed=episode)
         for t in range(200):
-            state = ref.unwrapped.state.astype(np.float32)
-            ref.state = state.astype(np.float64)
-            ours.set_state(state, t=t)
             torque = rng.uniform(-2.5, 2.5, 1).astype(np.float32)
-            ref_obs, ref_reward, ref_term, ref_trunc, _ = ref.step(torque)
-            obs, reward, term, trunc, _ = ours.step(torque)
+            (obs, reward, term, trunc, _), (ref_obs, ref_reward, ref_term, ref_trunc, _) = synced_step(ours, ref, t, torque)
             np.testing.assert_allclose(obs, ref_obs, rtol=PD_TOL, atol=PD_TOL)
             assert reward == pytest.approx(ref_reward, rel=PD_TOL, abs=PD_TOL)
             assert (term, trunc) == (ref_term, ref_trunc), t

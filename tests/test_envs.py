@@ -7,6 +7,7 @@ code under test a second time.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import pickle
 import warnings
@@ -840,6 +841,24 @@ def test_render_without_a_mode_returns_none_and_bad_modes_are_refused():
         fedrl_envs.GridWorldEnv(render_mode="human")
     with pytest.raises(ValueError, match="render_mode"):
         gym.make_vec(GRID, num_envs=2, vectorization_mode="vector_entry_point", render_mode="rgb_array")
+
+
+@pytest.mark.parametrize("env_cls", [fedrl_envs.GridWorldEnv, fedrl_envs.ArcNavigationEnv, fedrl_envs.CartPoleEnv, fedrl_envs.PendulumEnv])
+def test_env_constructor_takes_the_familys_task_arguments_then_render_mode(env_cls):
+    task = inspect.signature(env_cls.family.make_params).parameters
+    env = inspect.signature(env_cls).parameters
+    assert list(env) == [*task, "render_mode"]
+    assert all(env[name] == task[name] for name in task)  # same kinds and defaults
+    assert env["render_mode"].default is None
+    mode = env_cls.metadata["render_modes"][0]
+    by_position = env_cls(1, *(p.default for p in list(task.values())[1:]), mode)
+    by_keyword = env_cls(agent=1, render_mode=mode)
+    assert by_position.render_mode == by_keyword.render_mode == mode
+    assert by_position.family.task_kwargs(by_position.params) == by_keyword.family.task_kwargs(by_keyword.params)
+    with pytest.raises(TypeError, match=rf"{env_cls.__name__}: got an unexpected keyword argument 'colour'"):
+        env_cls(colour=3)
+    with pytest.raises(TypeError, match=rf"{env_cls.__name__}: too many positional arguments"):
+        env_cls(*([None] * (len(task) + 2)))
 
 
 # --------------------------------------------------------------------------------------------

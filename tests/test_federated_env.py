@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -13,7 +14,8 @@ from gymnasium.vector import AutoresetMode
 
 import fedrl_envs
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys
-from wrappers import FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
+from fedrl_envs.core import alive_mask
+from wrappers import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
 
 GRID = "fedrl/GridWorld-v0"
 ARC = "fedrl/ArcNavigation-v0"
@@ -273,6 +275,58 @@ def test_rollout_collects_whole_trajectories():
         venv.rollout(policy, n_steps=17)
 
 
+def test_rollout_returns_an_env_rollout_and_trajectories_is_a_deprecated_alias():
+    venv = FederatedVecEnv(GRID, 2, agents=[0, 1], seed=3, autoreset=False)
+    assert type(venv.rollout(lambda obs: torch.zeros(obs.shape, dtype=torch.long))) is EnvRollout
+    for module in ("wrappers", "wrappers.federated"):
+        with pytest.warns(DeprecationWarning, match=rf"{module}\.Trajectories is deprecated.*{module}\.EnvRollout") as record:
+            alias = importlib.import_module(module).Trajectories
+        assert alias is EnvRollout
+        assert record[0].filename == __file__  # the warning points at the code that used the old name
+    with pytest.warns(DeprecationWarning, match="EnvRollout"):
+        from wrappers.federated import Trajectories  # noqa: F401
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        import wrappers
+
+        wrappers.NoSuchName  # noqa: B018
+
+
+def _cumsum_alive(terminated: torch.Tensor) -> torch.Tensor:
+    """The mask EnvRollout.alive computed before it used alive_mask: no termination strictly before t."""
+    done = terminated.to(torch.int32)
+    return torch.cumsum(done, dim=-1) - done == 0
+
+
+def test_env_rollout_alive_is_the_shared_episode_mask():
+    T = 5
+    cases = [
+        [0, 0, 0, 0, 0],  # never terminates
+        [1, 0, 0, 0, 0],  # terminates at the first step: only that step is alive
+        [0, 0, 0, 0, 1],  # terminates at the last step: every step is alive
+        [0, 1, 1, 1, 1],  # padded after an early termination (fixed-horizon mode)
+        [0, 0, 1, 0, 1],  # terminated again later (autoreset mode): the mask stops at the first
+        [1, 1, 1, 1, 1],
+    ]
+    terminated = torch.tensor(cases, dtype=torch.bool).reshape(2, 3, T)
+    zeros = torch.zeros(2, 3, T)
+    rollout = EnvRollout(zeros, zeros.long(), zeros, terminated, torch.zeros_like(terminated), zeros[:, :, 0])
+    expected = torch.tensor(
+        [[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]],
+        dtype=torch.bool,
+    ).reshape(2, 3, T)
+    assert torch.equal(rollout.alive, expected)
+    assert torch.equal(alive_mask(terminated), _cumsum_alive(terminated))
+    # every termination pattern of 6 steps, and a one-step horizon
+    patterns = torch.tensor([[(k >> t) & 1 for t in range(6)] for k in range(64)], dtype=torch.bool)
+    assert torch.equal(alive_mask(patterns), _cumsum_alive(patterns))
+    assert torch.equal(alive_mask(patterns[:, :1]), torch.ones(64, 1, dtype=torch.bool))
+    # on a real rollout (time axis a non-contiguous view) as well
+    traj = FederatedVecEnv("CartPole-v1", 3, agent_kwargs=[{}, {}], seed=0, autoreset=False).rollout(
+        lambda obs: torch.ones(obs.shape[:2], dtype=torch.long), n_steps=40
+    )
+    assert traj.terminated.any() and torch.equal(traj.alive, _cumsum_alive(traj.terminated))
+
+
 def test_generic_fixed_horizon_pads_after_termination():
     venv = FederatedVecEnv("CartPole-v1", 3, agent_kwargs=[{}, {}], seed=0, autoreset=False)
     assert venv.horizon == 499
@@ -434,7 +488,7 @@ def test_sb3_view_helpers():
         fed.to_sb3(agent=2)
     with pytest.raises(TypeError, match="agent"):
         fed.to_sb3(agent="0")
-    with pytest.raises(ValueError, match=r"agents\[0\]=3 is out of range"):
+    with pytest.raises(ValueError, match=r"agents\[0\] must be in \[0, 1\], got 3 \(this federation's agent list has 2\)"):
         fed.subset([3])
     generic = FederatedVecEnv("CartPole-v1", 2, agent_kwargs=[{}, {"max_episode_steps": 50}], seed=0)
     gview = generic.to_sb3(agent=1, monitor=False)
@@ -443,6 +497,18 @@ def test_sb3_view_helpers():
     gview.reset()
     obs, rewards, dones, infos = gview.step(np.array([0, 1]))
     assert obs.shape == (2, 4) and rewards.tolist() == [1.0, 1.0]
+
+
+def test_sb3_adapter_checks_the_vector_env_contract_not_the_class():
+    from wrappers.sb3 import SB3VecEnv
+
+    family_venv = fedrl_envs.FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks[:2], n_envs=2, seed=0)
+    view = SB3VecEnv(family_venv)
+    assert view.num_envs == 4 and view.reset().shape == (4,)
+    with pytest.raises(TypeError, match="venv must be"):
+        SB3VecEnv(gym.make(GRID))
+    with pytest.raises(ValueError, match="autoreset=True"):
+        SB3VecEnv(FederatedVecEnv(GRID, 2, seed=0, autoreset=False))
 
 
 def test_sb3_ppo_smoke(one_torch_thread):
@@ -519,6 +585,9 @@ def test_whole_federation_through_gymnasiums_numpy_conversion():
         ({"device": "not-a-device"}, ValueError, "device"),
         ({"autoreset": "yes"}, TypeError, "autoreset"),
         ({"stream_ids": [0]}, ValueError, "stream_ids"),
+        ({"stream_ids": [0, 1, 2, 3, 4, 5, 6, -7]}, ValueError, r"stream_ids\[7\] must be >= 0, got -7"),
+        ({"stream_ids": [0.0] * 8}, TypeError, r"stream_ids\[0\] must be an int"),
+        ({"vectorization_mode": "sync"}, ValueError, "vectorization_mode is for the generic backend"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, error, name):

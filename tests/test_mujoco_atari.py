@@ -102,6 +102,17 @@ def test_heterogeneity_arguments_are_checked():
         AtariPreprocess()(gym.make("ALE/Pong-v5"))  # the v5 default frameskip=4
     with pytest.raises(ValueError, match="frame_stack"):
         AtariPreprocess(frame_stack=0)
+    with pytest.raises(ValueError, match=r"noop_max must be >= 0, got -1"):
+        AtariPreprocess(noop_max=-1)
+    with pytest.raises(TypeError, match="screen_size must be an int"):
+        AtariPreprocess(screen_size=84.0)
+    assert type(AtariPreprocess(frame_stack=np.int64(2)).frame_stack) is int  # stays JSON-able
+    with pytest.raises(ValueError, match=r"n_agents must be >= 1, got 0"):
+        mujoco_agent_kwargs(n_agents=0)
+    with pytest.raises(TypeError, match="n_agents must be an int"):
+        atari_agent_kwargs(n_agents=True)
+    with pytest.raises(ValueError, match="geoms names an unknown geom 'fin'"):
+        FrictionScale(gym.make("Hopper-v5"), 1.1, geoms=["fin"])
     kwargs = mujoco_agent_kwargs(mass_scale=[0.8, 1.2], friction_scale=1.1, ctrl_cost_weight=0.2)
     assert kwargs == [
         {"ctrl_cost_weight": 0.2, "wrappers": [MuJoCoDynamics(0.8, 1.1)]},

@@ -17,7 +17,10 @@ See ``docs/federated_env.md`` for shapes, modes and interoperability.
 
 from __future__ import annotations
 
+import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium as gym
@@ -27,18 +30,23 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
-from fedrl_envs.core import check_device
+from fedrl_envs.core import alive_mask, check_device, check_int, check_seed
+from fedrl_envs.rng import seed_from_entropy
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
 
-__all__ = ["FederatedVecEnv", "NativeFederatedVecEnv", "GenericFederatedVecEnv", "Trajectories"]
+__all__ = ["FederatedVecEnv", "NativeFederatedVecEnv", "GenericFederatedVecEnv", "EnvRollout"]
 
 _SEED_MASK = (1 << 62) - 1
 
 
-class Trajectories(NamedTuple):
-    """Trajectories collected by :meth:`FederatedVecEnv.rollout`; axes ``[agent, env, time, ...]``.
+class EnvRollout(NamedTuple):
+    """Steps collected by :meth:`FederatedVecEnv.rollout`; axes ``[agent, env, time, ...]``.
+
+    Not to be confused with ``fedrl_algos.core.Trajectories``, the algorithms' batch (indices and
+    masks ready for the estimators); this is what the environment returns (observations as the
+    environment gives them, flags, and the last observation).
 
     Step ``t`` takes ``actions[..., t]`` in the state observed as ``observations[..., t]`` and
     earns ``rewards[..., t]``. In the fixed-horizon mode an environment whose episode terminated
@@ -62,33 +70,40 @@ class Trajectories(NamedTuple):
 
     @property
     def alive(self) -> torch.Tensor:
-        """``[n_agents, n_envs, T]`` bool: step ``t`` was taken before any termination (fixed horizon)."""
-        done_before = torch.cumsum(self.terminated.to(torch.int32), dim=2) - self.terminated.to(torch.int32)
-        return done_before == 0
+        """``[n_agents, n_envs, T]`` bool: step ``t`` was taken before any termination (fixed horizon).
+
+        The library's one episode mask, :func:`fedrl_envs.core.alive_mask` (the terminating step
+        itself is alive).
+        """
+        return alive_mask(self.terminated)
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
+#: deprecated name -> its replacement in this module, kept importable for one release.
+#: ``Trajectories`` clashed with ``fedrl_algos.core.Trajectories``, the algorithms' batch type.
+_DEPRECATED = {"Trajectories": "EnvRollout"}
 
 
-def _check_device(device: Any) -> torch.device:
-    return check_device(device)
+def _deprecated(module: str, name: str, stacklevel: int) -> Any:
+    """The replacement of the deprecated ``module.name``, with a ``DeprecationWarning`` naming it.
+
+    :param module: the module the name was looked up in (``wrappers`` or ``wrappers.federated``)
+    :param name: a key of ``_DEPRECATED``
+    :param stacklevel: as for ``warnings.warn``, counted from the caller of this function (2 from a
+        module ``__getattr__``: the code that looked the name up)
+    """
+    new = _DEPRECATED[name]
+    warnings.warn(
+        f"{module}.{name} is deprecated and will be removed in the next release; use {module}.{new}, the same class",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return globals()[new]
 
 
-def _check_seed(seed: Any) -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    return int(seed)
-
-
-def _random_seed() -> int:
-    return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0] >> 2)
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        return _deprecated(__name__, name, stacklevel=2)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[str, Any]] | None:
@@ -111,12 +126,10 @@ def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[
 def _check_stream_ids(stream_ids: Any, n_agents: int) -> list[int]:
     if stream_ids is None:
         return list(range(n_agents))
-    ids = [int(s) if isinstance(s, int | np.integer) and not isinstance(s, bool) else None for s in stream_ids]
-    if any(s is None or s < 0 for s in ids):
-        raise TypeError(f"stream_ids must be non-negative ints, got {list(stream_ids)!r}")
+    ids = [check_int(f"stream_ids[{k}]", s, 0) for k, s in enumerate(stream_ids)]
     if len(ids) != n_agents:
         raise ValueError(f"stream_ids must have one entry per agent ({n_agents}), got {len(ids)}")
-    return ids  # type: ignore[return-value]
+    return ids
 
 
 def _agent_list(agents: Any, n_tasks: int, owner: str, name: str = "agents") -> list[int]:
@@ -128,17 +141,34 @@ def _agent_list(agents: Any, n_tasks: int, owner: str, name: str = "agents") -> 
         raise ValueError(f"{name} must be a non-empty list of indices")
     out = []
     for pos, k in enumerate(values):
-        if isinstance(k, bool) or not isinstance(k, int | np.integer):
-            raise TypeError(f"{name}[{pos}] must be an int index, got {type(k).__name__}")
-        if not 0 <= k < n_tasks:
-            raise ValueError(
-                f"{name}[{pos}]={k} is out of range: {owner} has {n_tasks} (indices 0..{n_tasks - 1})"
-            )
-        out.append(int(k))
+        try:
+            out.append(check_int(f"{name}[{pos}]", k, 0, n_tasks - 1))
+        except ValueError as err:
+            # The range alone does not say which list the index points into.
+            raise ValueError(f"{err} ({owner} has {n_tasks})") from None
     return out
 
 
-class FederatedVecEnv(VectorEnv):
+@dataclass(frozen=True)
+class _Arguments:
+    """What :class:`FederatedVecEnv`'s constructor hands its backend (see its ``:param:`` list).
+
+    ``n_envs``, ``device`` and ``seed`` are checked and converted, ``env_kwargs`` is a dict; the
+    rest is as given, for the backend to check.
+    """
+
+    n_envs: int
+    agents: Sequence[int] | None
+    agent_kwargs: Sequence[Mapping[str, Any]] | None
+    device: torch.device
+    seed: int | None
+    autoreset: bool
+    env_kwargs: dict[str, Any]
+    stream_ids: Sequence[int] | None
+    vectorization_mode: str | None
+
+
+class FederatedVecEnv(VectorEnv, ABC):
     """``n_agents × n_envs`` environments, each agent with its own task, as one vector env.
 
     ``FederatedVecEnv(...)`` returns a :class:`NativeFederatedVecEnv` for a fedrl family id and a
@@ -158,7 +188,8 @@ class FederatedVecEnv(VectorEnv):
     :param env_kwargs: ``gym.make`` keyword arguments shared by all agents (agent kwargs win)
     :param stream_ids: index of each agent's random stream (default ``0..n_agents-1``, the agent's
         position); an agent keeps its trajectories in any batch that gives it the same index
-    :param vectorization_mode: generic backend only: ``"sync"`` (default) or ``"async"``
+    :param vectorization_mode: generic backend only: ``"sync"`` (``None``, the default) or
+        ``"async"``; the native backend is one batched program and refuses it
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -182,15 +213,45 @@ class FederatedVecEnv(VectorEnv):
             cls = NativeFederatedVecEnv if env_id in fedrl_envs.FAMILIES else GenericFederatedVecEnv
         return super().__new__(cls)
 
-    # --- shared behaviour ----------------------------------------------------------------------
-    def _init_common(self, env_id: str, autoreset: bool) -> None:
+    def __init__(
+        self,
+        env_id: str,
+        n_envs: int,
+        agents: Sequence[int] | None = None,
+        agent_kwargs: Sequence[Mapping[str, Any]] | None = None,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        autoreset: bool = True,
+        env_kwargs: Mapping[str, Any] | None = None,
+        stream_ids: Sequence[int] | None = None,
+        vectorization_mode: str | None = None,
+    ) -> None:
+        # One signature and one set of argument checks for both backends; each builds in _build.
         if not isinstance(autoreset, bool):
             raise TypeError(f"autoreset must be a bool, got {type(autoreset).__name__}")
         self.env_id = env_id
         self._elapsed = 0
         self._finished: torch.Tensor | None = None
         self._frozen_obs: torch.Tensor | None = None
+        self._build(
+            _Arguments(
+                n_envs=check_int("n_envs", n_envs, 1),
+                agents=agents,
+                agent_kwargs=agent_kwargs,
+                device=check_device(device),
+                seed=check_seed(seed),
+                autoreset=autoreset,
+                env_kwargs=dict(env_kwargs or {}),
+                stream_ids=stream_ids,
+                vectorization_mode=vectorization_mode,
+            )
+        )
 
+    @abstractmethod
+    def _build(self, args: _Arguments) -> None:
+        """Build the backend from the constructor's arguments (``n_envs``, ``device``, ``seed``, ``autoreset`` checked)."""
+
+    # --- shared behaviour ----------------------------------------------------------------------
     @property
     def max_episode_steps(self) -> int | None:
         """Steps of a full episode, ``horizon + 1`` (``None`` without a fixed limit)."""
@@ -272,11 +333,7 @@ class FederatedVecEnv(VectorEnv):
         if agent is None:
             positions = list(range(self.n_agents))
         else:
-            if isinstance(agent, bool) or not isinstance(agent, int | np.integer):
-                raise TypeError(f"agent must be an int position (or None), got {type(agent).__name__}")
-            if not 0 <= agent < self.n_agents:
-                raise ValueError(f"agent must be in [0, {self.n_agents - 1}] (a position in this federation), got {agent}")
-            positions = [int(agent)]
+            positions = [check_int("agent", agent, 0, self.n_agents - 1)]
         view: VecEnv = SB3VecEnv(self.subset(positions, autoreset=True))
         if monitor:
             from stable_baselines3.common.vec_env import VecMonitor
@@ -297,7 +354,7 @@ class FederatedVecEnv(VectorEnv):
         policy_fn: Callable[[torch.Tensor], Any],
         n_steps: int | None = None,
         seed: int | None = None,
-    ) -> Trajectories:
+    ) -> EnvRollout:
         """Reset, then collect ``n_steps`` steps of every environment with ``policy_fn`` in the loop.
 
         :param policy_fn: maps observations ``[n_agents, n_envs, *obs_shape]`` (the structured
@@ -305,13 +362,13 @@ class FederatedVecEnv(VectorEnv):
         :param n_steps: steps to collect (default ``horizon + 1``: one whole episode per env in the
             fixed-horizon mode)
         :param seed: passed to :meth:`reset`
-        :return: :class:`Trajectories` with axes ``[agent, env, time, ...]``
+        :return: :class:`EnvRollout` with axes ``[agent, env, time, ...]``
         """
         if n_steps is None:
             if self.horizon is None:
                 raise ValueError(f"n_steps is required: {self.env_id} has no fixed horizon")
             n_steps = self.horizon + 1
-        n_steps = _check_int("n_steps", n_steps, 1)
+        n_steps = check_int("n_steps", n_steps, 1)
         limit = self.max_episode_steps
         if not self.autoreset and limit is not None and n_steps > limit:
             raise ValueError(f"n_steps must be <= horizon + 1 = {limit} in the fixed-horizon mode, got {n_steps}")
@@ -332,7 +389,7 @@ class FederatedVecEnv(VectorEnv):
             flat = torch.stack([x.to(self.device) for x in items])  # [time, num_envs, ...]
             return flat.reshape(n_steps, self.n_agents, self.n_envs, *flat.shape[2:]).movedim(0, 2)
 
-        return Trajectories(
+        return EnvRollout(
             stack(observations), stack(actions), stack(rewards), stack(terminated), stack(truncated), self.structured(obs)
         )
 
@@ -355,32 +412,22 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
 
     backend = "native"
 
-    def __init__(
-        self,
-        env_id: str,
-        n_envs: int,
-        agents: Sequence[int] | None = None,
-        agent_kwargs: Sequence[Mapping[str, Any]] | None = None,
-        device: torch.device | str = "cpu",
-        seed: int | None = None,
-        autoreset: bool = True,
-        env_kwargs: Mapping[str, Any] | None = None,
-        stream_ids: Sequence[int] | None = None,
-    ) -> None:
-        self._init_common(env_id, autoreset)
+    def _build(self, args: _Arguments) -> None:
+        env_id, agents, agent_kwargs, env_kwargs = self.env_id, args.agents, args.agent_kwargs, args.env_kwargs
         family = fedrl_envs.get_family(env_id)
-        n_envs = _check_int("n_envs", n_envs, 1)
-        device = _check_device(device)
-        seed = _check_seed(seed)
-        common = dict(env_kwargs or {})
+        if args.vectorization_mode is not None:
+            raise ValueError(
+                f"vectorization_mode is for the generic backend; {env_id} runs natively (all agents in one "
+                f"batched program), got vectorization_mode={args.vectorization_mode!r}"
+            )
         if agents is not None:
             picks = _agent_list(agents, len(family.train_tasks), f"{env_id}'s list of training tasks")
             extra = _check_agent_kwargs(agent_kwargs, len(picks)) or [{} for _ in picks]
-            make = [{**common, "agent": k, **kw} for k, kw in zip(picks, extra, strict=True)]
+            make = [{**env_kwargs, "agent": k, **kw} for k, kw in zip(picks, extra, strict=True)]
         elif agent_kwargs is not None:
-            make = [{**common, **kw} for kw in _check_agent_kwargs(agent_kwargs, None)]  # type: ignore[union-attr]
+            make = [{**env_kwargs, **kw} for kw in _check_agent_kwargs(agent_kwargs, None)]  # type: ignore[union-attr]
         else:
-            make = [{**common, **family.task_kwargs(task)} for task in family.train_tasks]
+            make = [{**env_kwargs, **family.task_kwargs(task)} for task in family.train_tasks]
         tasks = []
         for k, kw in enumerate(make):
             try:
@@ -390,11 +437,13 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
             except ValueError as err:
                 raise ValueError(f"agent_kwargs[{k}]: {err}") from err
         self.agent_kwargs = [family.task_kwargs(task) for task in tasks]
-        self.stream_ids = _check_stream_ids(stream_ids, len(tasks))
-        FamilyVectorEnv.__init__(self, family, tasks, n_envs=n_envs, device=device, seed=seed, autoreset=autoreset)
+        self.stream_ids = _check_stream_ids(args.stream_ids, len(tasks))
+        FamilyVectorEnv.__init__(
+            self, family, tasks, n_envs=args.n_envs, device=args.device, seed=args.seed, autoreset=args.autoreset
+        )
 
     def _make_streams(self, seed: int | None) -> fedrl_envs.RandomStreams:
-        self._seed = _random_seed() if seed is None else seed
+        self._seed = seed_from_entropy() if seed is None else seed
         return fedrl_envs.RandomStreams(derive_keys(self._seed, torch.tensor(self.stream_ids)), self.device)
 
     def reset(
@@ -469,39 +518,27 @@ class GenericFederatedVecEnv(FederatedVecEnv):
     backend = "generic"
     family = None
 
-    def __init__(
-        self,
-        env_id: str,
-        n_envs: int,
-        agents: Sequence[int] | None = None,
-        agent_kwargs: Sequence[Mapping[str, Any]] | None = None,
-        device: torch.device | str = "cpu",
-        seed: int | None = None,
-        autoreset: bool = True,
-        env_kwargs: Mapping[str, Any] | None = None,
-        stream_ids: Sequence[int] | None = None,
-        vectorization_mode: str = "sync",
-    ) -> None:
-        self._init_common(env_id, autoreset)
-        if agents is not None:
+    def _build(self, args: _Arguments) -> None:
+        env_id, n_envs, autoreset, vectorization_mode = self.env_id, args.n_envs, args.autoreset, args.vectorization_mode
+        if args.agents is not None:
             raise ValueError(
                 f"agents selects training tasks of a fedrl family; {env_id} is not one "
                 f"(families: {sorted(fedrl_envs.FAMILIES)}): give each agent its gym.make kwargs with agent_kwargs"
             )
         if env_id not in gym.registry:
             raise ValueError(f"env_id {env_id!r} is not a registered Gymnasium environment")
-        n_envs = _check_int("n_envs", n_envs, 1)
+        if vectorization_mode is None:
+            vectorization_mode = "sync"
         if vectorization_mode not in ("sync", "async"):
             raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
-        self.device = _check_device(device)
-        self._seed = _check_seed(seed)
-        common = dict(env_kwargs or {})
-        per_agent = _check_agent_kwargs(agent_kwargs, None) or [{}]
-        self.agent_kwargs = [{**common, **kw} for kw in per_agent]
+        self.device = args.device
+        self._seed = args.seed
+        per_agent = _check_agent_kwargs(args.agent_kwargs, None) or [{}]
+        self.agent_kwargs = [{**args.env_kwargs, **kw} for kw in per_agent]
         self.n_agents = len(self.agent_kwargs)
         self.n_envs = n_envs
         self.num_envs = self.n_agents * n_envs
-        self.stream_ids = _check_stream_ids(stream_ids, self.n_agents)
+        self.stream_ids = _check_stream_ids(args.stream_ids, self.n_agents)
         self.autoreset = autoreset
         self._vectorization_mode = vectorization_mode
         self._venvs: list[VectorEnv] = []
@@ -574,9 +611,9 @@ class GenericFederatedVecEnv(FederatedVecEnv):
             if len(set(seed)) != 1:
                 raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
             seed = seed[0]
-        seed = _check_seed(seed)
+        seed = check_seed(seed)
         if seed is None and not self._reset_done:
-            seed = self._seed if self._seed is not None else _random_seed()
+            seed = self._seed if self._seed is not None else seed_from_entropy()
         if seed is not None:
             self._seed = seed
         seeds = self._agent_seeds(seed) if seed is not None else [None] * self.n_agents

@@ -36,6 +36,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from fedrl_envs.core import check_int
+
 __all__ = [
     "BodyMassScale",
     "FrictionScale",
@@ -69,32 +71,19 @@ def _mujoco_model(env: gym.Env, wrapper: str) -> tuple[Any, Any]:
     return model, data
 
 
-def _body_ids(model: Any, bodies: Sequence[str] | None, wrapper: str) -> np.ndarray:
+def _named_ids(model: Any, names: Sequence[str], kind: str, wrapper: str) -> np.ndarray:
+    """Ids of the ``kind`` (``"body"`` or ``"geom"``) objects called ``names``; errors name ``wrapper``."""
     import mujoco
 
-    if bodies is None:
-        return np.arange(1, model.nbody)  # every body but the world (id 0, massless)
+    obj = {"body": mujoco.mjtObj.mjOBJ_BODY, "geom": mujoco.mjtObj.mjOBJ_GEOM}[kind]
+    count = {"body": model.nbody, "geom": model.ngeom}[kind]
+    argument = {"body": "bodies", "geom": "geoms"}[kind]
     ids = []
-    for name in bodies:
-        idx = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+    for name in names:
+        idx = mujoco.mj_name2id(model, obj, name)
         if idx < 0:
-            names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, k) for k in range(model.nbody)]
-            raise ValueError(f"{wrapper}: bodies names an unknown body {name!r}; this model has {names}")
-        ids.append(idx)
-    return np.asarray(ids, dtype=np.int64)
-
-
-def _geom_ids(model: Any, geoms: Sequence[str] | None, wrapper: str) -> np.ndarray:
-    import mujoco
-
-    if geoms is None:
-        return np.arange(model.ngeom)
-    ids = []
-    for name in geoms:
-        idx = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, name)
-        if idx < 0:
-            names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_GEOM, k) for k in range(model.ngeom)]
-            raise ValueError(f"{wrapper}: geoms names an unknown geom {name!r}; this model has {names}")
+            known = [mujoco.mj_id2name(model, obj, k) for k in range(count)]
+            raise ValueError(f"{wrapper}: {argument} names an unknown {kind} {name!r}; this model has {known}")
         ids.append(idx)
     return np.asarray(ids, dtype=np.int64)
 
@@ -121,7 +110,8 @@ class BodyMassScale(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.utils.RecordConstructorArgs.__init__(self, scale=scale, bodies=None if bodies is None else list(bodies))
         gym.Wrapper.__init__(self, env)
         model, data = _mujoco_model(env, "BodyMassScale")
-        ids = _body_ids(model, bodies, "BodyMassScale")
+        # Every body but the world (id 0, massless) unless named.
+        ids = np.arange(1, model.nbody) if bodies is None else _named_ids(model, bodies, "body", "BodyMassScale")
         self.scale = scale
         self.body_ids = ids
         model.body_mass[ids] *= scale
@@ -147,7 +137,7 @@ class FrictionScale(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.utils.RecordConstructorArgs.__init__(self, scale=scale, geoms=None if geoms is None else list(geoms))
         gym.Wrapper.__init__(self, env)
         model, _ = _mujoco_model(env, "FrictionScale")
-        ids = _geom_ids(model, geoms, "FrictionScale")
+        ids = np.arange(model.ngeom) if geoms is None else _named_ids(model, geoms, "geom", "FrictionScale")
         self.scale = scale
         self.geom_ids = ids
         model.geom_friction[ids, 0] *= scale
@@ -205,12 +195,9 @@ class AtariPreprocess:
     scale_obs: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("frame_stack", "frame_skip", "screen_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if isinstance(self.noop_max, bool) or not isinstance(self.noop_max, int) or self.noop_max < 0:
-            raise ValueError(f"noop_max must be an int >= 0, got {self.noop_max!r}")
+        # Stored as plain ints (a NumPy integer is accepted) so the factory stays JSON-able.
+        for name, low in (("frame_stack", 1), ("noop_max", 0), ("frame_skip", 1), ("screen_size", 1)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), low))
 
     def __call__(self, env: gym.Env) -> gym.Env:
         frameskip = getattr(env.unwrapped, "_frameskip", 1)
@@ -270,8 +257,8 @@ def mujoco_agent_kwargs(
     >>> kwargs[1]["wrappers"]
     [MuJoCoDynamics(mass_scale=1.25, friction_scale=1.1)]
     """
-    if n_agents is not None and (isinstance(n_agents, bool) or not isinstance(n_agents, int) or n_agents < 1):
-        raise ValueError(f"n_agents must be an int >= 1, got {n_agents!r}")
+    if n_agents is not None:
+        n_agents = check_int("n_agents", n_agents, 1)
     rows = _broadcast({"mass_scale": mass_scale, "friction_scale": friction_scale}, n_agents)
     return [{**env_kwargs, "wrappers": [MuJoCoDynamics(row["mass_scale"], row["friction_scale"])]} for row in rows]
 
@@ -298,8 +285,8 @@ def atari_agent_kwargs(
         import ale_py  # noqa: F401  (registers the ALE/... ids)
     except ImportError as err:  # pragma: no cover - depends on the installed extras
         raise ImportError("Atari environments need the extra: pip install 'fedrl[atari]'") from err
-    if n_agents is not None and (isinstance(n_agents, bool) or not isinstance(n_agents, int) or n_agents < 1):
-        raise ValueError(f"n_agents must be an int >= 1, got {n_agents!r}")
+    if n_agents is not None:
+        n_agents = check_int("n_agents", n_agents, 1)
     if preprocess is None:
         preprocess = AtariPreprocess()
     elif not callable(preprocess):

@@ -1,17 +1,24 @@
-"""Stable-Baselines3 view of a federation: ``FederatedVecEnv.to_sb3(agent=i)``."""
+"""Stable-Baselines3 view of a federation: ``FederatedVecEnv.to_sb3(agent=i)``.
+
+The adapter knows Gymnasium's vector-env contract, not the federation: like a Gymnasium wrapper,
+it depends on the environment's interface and the environment module never imports it at module
+level (``FederatedVecEnv.to_sb3`` imports it when called), so the two modules form no import cycle.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from wrappers.federated import FederatedVecEnv
+if TYPE_CHECKING:
+    from wrappers.federated import FederatedVecEnv
 
 __all__ = ["SB3VecEnv"]
 
@@ -32,14 +39,22 @@ class SB3VecEnv(VecEnv):
     federation itself (one value, repeated for each requested index) and ``set_attr`` must target
     every index. The generic backend forwards them to the Gymnasium sub-environments.
 
-    :param venv: a federation with ``autoreset=True`` (see :meth:`FederatedVecEnv.to_sb3`)
+    The adapter checks the vector-env contract (a Gymnasium ``VectorEnv`` with ``SAME_STEP``
+    autoreset), not the class, so a ``fedrl_envs.FamilyVectorEnv`` fits as well; any vector env
+    without ``agent_envs`` is treated like the native backend by the attribute methods.
+
+    :param venv: a federation with ``autoreset=True`` (see :meth:`FederatedVecEnv.to_sb3`), or
+        another vector env whose ``metadata["autoreset_mode"]`` is ``SAME_STEP``
     """
 
-    def __init__(self, venv: FederatedVecEnv) -> None:
-        if not isinstance(venv, FederatedVecEnv):
-            raise TypeError(f"venv must be a FederatedVecEnv, got {type(venv).__name__}")
-        if not venv.autoreset:
-            raise ValueError("venv must have autoreset=True: SB3 expects its vector envs to reset themselves")
+    def __init__(self, venv: FederatedVecEnv | VectorEnv) -> None:
+        if not isinstance(venv, VectorEnv):
+            raise TypeError(f"venv must be a FederatedVecEnv (a gymnasium VectorEnv), got {type(venv).__name__}")
+        if venv.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:
+            raise ValueError(
+                "venv must have autoreset=True (metadata['autoreset_mode'] SAME_STEP): "
+                "SB3 expects its vector envs to reset themselves"
+            )
         self.venv = venv
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
         self.metadata = venv.metadata
