@@ -8,7 +8,8 @@ import torch
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
 
 from fedrl_algos import FedAvgPG, IndependentPG, PerFedAvgPG
-from fedrl_algos.core import ExactMetaGradient, FirstOrderMetaGradient, PolicyGradient, policy_gradient, rollout
+from fedrl_algos.core import PolicyGradient, policy_gradient, rollout
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
@@ -19,7 +20,7 @@ ARC = "fedrl/ArcNavigation-v0"
 
 
 def _grid_model(cls=PerFedAvgPG, **kwargs):
-    defaults = dict(beta=0.3, seed=0, device="cpu")
+    defaults = dict(step_size=0.3, seed=0, device="cpu")
     if cls is not IndependentPG:
         defaults["alpha"] = 2.0
     defaults.update(kwargs)
@@ -70,7 +71,7 @@ def test_class_equals_functional_core_and_batched_runs_equal_looped():
 
 def test_fedavg_with_one_agent_is_plain_policy_gradient():
     task = GRIDWORLD.train_tasks[4]
-    model = FedAvgPG("TabularPolicy", GRIDWORLD, beta=0.5, tau=1, m_in=7, m_h=0, m_out=0, seed=3, device="cpu",
+    model = FedAvgPG("TabularPolicy", GRIDWORLD, step_size=0.5, local_steps=1, n_trajectories=7, seed=3, device="cpu",
                      policy_kwargs=dict(dtype=torch.float64))
     model.set_env(_OneTask(task))
     model.learn(total_rounds=1)
@@ -120,7 +121,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_independent_pg_save_load_keeps_agent_parameters(tmp_path):
-    model = _grid_model(IndependentPG, m=10).learn(total_rounds=2)
+    model = _grid_model(IndependentPG, n_trajectories=10).learn(total_rounds=2)
     model.save(tmp_path / "ind.zip")
     loaded = IndependentPG.load(tmp_path / "ind.zip", device="cpu")
     assert torch.equal(loaded.agent_theta, model.agent_theta)
@@ -186,7 +187,7 @@ def test_adapt_personalizes_to_a_task():
 
 
 def test_mlp_policy_on_arc_navigation_with_monte_carlo_evaluation():
-    model = PerFedAvgPG("MlpPolicy", ARC, alpha=1.0, beta=0.2, tau=1, m_in=4, m_h=4, m_out=4, seed=0, device="cpu",
+    model = PerFedAvgPG("MlpPolicy", ARC, alpha=1.0, step_size=0.2, local_steps=1, m_in=4, m_h=4, m_out=4, seed=0, device="cpu",
                         eval_trajectories=8, eval_adapt_trajectories=8)
     assert model.policy.n_params == 360
     model.learn(total_rounds=1)
@@ -200,11 +201,11 @@ def test_mlp_policy_on_arc_navigation_with_monte_carlo_evaluation():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(beta=-1.0), "beta"),
+        (dict(step_size=-1.0), "step_size"),
         (dict(alpha=-0.5), "alpha"),
         (dict(m_in=0), "m_in"),
         (dict(m_h=-3), "m_h"),
-        (dict(tau=0), "tau"),
+        (dict(local_steps=0), "local_steps"),
         (dict(variant="second_order"), "variant"),
         (dict(agents_per_round=9), "agents_per_round"),
         (dict(gamma=1.5), "gamma"),
@@ -217,11 +218,11 @@ def test_bad_arguments_raise_value_error(kwargs, match):
 
 def test_bad_policy_env_and_totals():
     with pytest.raises(ValueError, match="policy"):
-        PerFedAvgPG("MlpPolicy", GRID, alpha=1.0, beta=0.1)
+        PerFedAvgPG("MlpPolicy", GRID, alpha=1.0, step_size=0.1)
     with pytest.raises(ValueError, match="policy"):
-        PerFedAvgPG("CnnPolicy", GRID, alpha=1.0, beta=0.1)
+        PerFedAvgPG("CnnPolicy", GRID, alpha=1.0, step_size=0.1)
     with pytest.raises(ValueError, match="env"):
-        PerFedAvgPG("TabularPolicy", "CartPole-v1", alpha=1.0, beta=0.1)
+        PerFedAvgPG("TabularPolicy", "CartPole-v1", alpha=1.0, step_size=0.1)
     model = _grid_model()
     with pytest.raises(ValueError, match="exactly one"):
         model.learn()
@@ -319,7 +320,7 @@ def test_partial_participation_averages_only_the_sampled_agents():
 def test_neural_model_logs_monte_carlo_returns_by_default(tmp_path):
     from stable_baselines3.common.logger import configure
 
-    model = PerFedAvgPG("MlpPolicy", ARC, variant="first_order", tau=1, m_in=4, m_out=4, seed=0, device="cpu")
+    model = PerFedAvgPG("MlpPolicy", ARC, variant="first_order", local_steps=1, m_in=4, m_out=4, seed=0, device="cpu")
     assert model.eval_trajectories == 32 and _grid_model().eval_trajectories == 0
     model.set_logger(configure(str(tmp_path), ["csv"]))
     model.learn(total_rounds=2)

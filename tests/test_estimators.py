@@ -7,18 +7,16 @@ import pytest
 import torch
 
 from fedrl_algos.core import (
-    ExactMetaGradient,
-    FirstOrderMetaGradient,
+    KernelSampler,
     PolicyGradient,
-    Sampler,
     Trajectories,
     autograd_hvp,
     discounted_rewards_to_go,
     policy_gradient,
+    reward_to_go_weights,
     rollout,
-    tabular_hvp,
-    tabular_policy_gradient,
 )
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
@@ -60,11 +58,11 @@ def test_tabular_closed_forms_equal_autograd(tabular, grid_params):
     theta = _theta(8)
     traj = rollout(GRIDWORLD, grid_params, tabular, theta, RandomStreams(derive_keys(1, torch.arange(8))), 64)
     v = _theta(8, seed=5)
-    pg_closed = tabular_policy_gradient(tabular, theta, traj, GAMMA)
+    pg_closed = tabular.score_gradient(theta, traj, reward_to_go_weights(traj, GAMMA))
     pg_auto = policy_gradient(tabular, theta, traj, GAMMA, closed_form=False)
     assert torch.allclose(pg_closed, pg_auto, atol=1e-12)
-    hv_closed = tabular_hvp(tabular, theta, traj, v, GAMMA)
-    hv_auto = autograd_hvp(tabular, theta, traj, v, GAMMA)
+    hv_closed = tabular.hvp(theta, traj, v, reward_to_go_weights(traj, GAMMA))
+    hv_auto = autograd_hvp(tabular, theta, traj, v, reward_to_go_weights(traj, GAMMA))
     assert torch.allclose(hv_closed, hv_auto, atol=1e-12)
     assert hv_closed.abs().max() > 1e-3  # a zero estimate would pass the comparison trivially
 
@@ -87,7 +85,7 @@ def test_monte_carlo_hvp_matches_exact(tabular, grid_params, evaluator):
     # The curvature estimate is far noisier than the gradient (that is the paper's point), so it
     # needs more trajectories for the same check; its error shrinks like 1/sqrt(m) (0.1 at 1e5).
     traj = rollout(GRIDWORLD, params, tabular, theta, RandomStreams(derive_keys(11, torch.arange(1))), 400_000)
-    estimate = tabular_hvp(tabular, theta, traj, v, GAMMA)
+    estimate = tabular.hvp(theta, traj, v, reward_to_go_weights(traj, GAMMA))
     exact = evaluator.hvps(theta[0], v[0])[2].reshape(-1)
     assert _rel(estimate[0], exact) <= 0.12
 
@@ -95,7 +93,7 @@ def test_monte_carlo_hvp_matches_exact(tabular, grid_params, evaluator):
 def test_exact_meta_gradient_at_large_batches_matches_exact_meta_grad(tabular, grid_params, evaluator):
     alpha = 0.5
     theta = _theta(8, scale=0.2)
-    sampler = Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(3, torch.arange(8))))
+    sampler = KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(3, torch.arange(8))))
     estimator = ExactMetaGradient(tabular, GAMMA, alpha, m_in=20_000, m_h=20_000, m_out=20_000, hvp_chunk=5_000)
     estimate = estimator(sampler, theta)
     exact = torch.stack([evaluator.meta_grads_per_agent(theta[i], alpha)[i] for i in range(8)]).reshape(8, -1)
@@ -109,12 +107,12 @@ def test_alpha_zero_all_variants_agree(tabular, grid_params, evaluator):
     theta = _theta(8, scale=0.2)
     exact_dir = ExactMetaGradient(tabular, GAMMA, 0.0, 10, 10, 10)
     first_dir = FirstOrderMetaGradient(tabular, GAMMA, 0.0, 10, 10)
-    s1 = Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(5, torch.arange(8))))
-    s2 = Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(5, torch.arange(8))))
+    s1 = KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(5, torch.arange(8))))
+    s2 = KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(5, torch.arange(8))))
     # Same streams: at α = 0 the two variants use the same outer batch, hence the same direction.
     assert torch.equal(exact_dir(s1, theta), first_dir(s2, theta))
     # In expectation all three are ∇J_i (Proposition 3): check with large batches.
-    s3 = Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(6, torch.arange(8))))
+    s3 = KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(6, torch.arange(8))))
     big = PolicyGradient(tabular, GAMMA, 60_000)(s3, theta)
     exact = torch.stack([evaluator.grads(theta[i])[i] for i in range(8)]).reshape(8, -1)
     assert _rel(big, exact) <= 0.05
@@ -152,7 +150,7 @@ def test_autograd_hvp_matches_explicit_hessian_of_u():
     theta = policy.theta.detach().clone().reshape(1, d)
     traj = rollout(ARC_NAVIGATION, params, policy, theta, RandomStreams(derive_keys(0, torch.arange(1))), 6)
     v = torch.randn(1, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    estimate = autograd_hvp(policy, theta, traj, v, GAMMA)[0]
+    estimate = autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA))[0]
     rtg = discounted_rewards_to_go(traj.rewards, GAMMA)[0]
     explicit = torch.zeros(d, dtype=torch.float64)
     for k in range(traj.n_trajectories):
@@ -176,7 +174,7 @@ def test_autograd_hvp_matches_explicit_hessian_of_u():
 
 def test_hvp_chunking_is_exact(tabular, grid_params):
     theta = _theta(8)
-    make = lambda: Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(9, torch.arange(8))))  # noqa: E731
+    make = lambda: KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(9, torch.arange(8))))  # noqa: E731
     v = _theta(8, seed=2)
     whole = ExactMetaGradient(tabular, GAMMA, 1.0, 5, 300, 5, hvp_chunk=1000).curvature(make(), theta, v)
     chunked = ExactMetaGradient(tabular, GAMMA, 1.0, 5, 300, 5, hvp_chunk=64).curvature(make(), theta, v)

@@ -10,7 +10,7 @@ import torch
 
 import fedrl_envs
 from fedrl_algos import FedAvgPG, FedPGBR
-from fedrl_algos.attacks import (
+from fedrl_algos.core.attacks import (
     ATTACKS,
     AttackedEstimator,
     NoAttack,
@@ -22,7 +22,7 @@ from fedrl_algos.attacks import (
     ZeroGradient,
     make_attack,
 )
-from fedrl_algos.core import PolicyGradient, Sampler, Trajectories
+from fedrl_algos.core import KernelSampler, PolicyGradient, Trajectories
 from fedrl_algos.core.optim import AdamState
 from fedrl_algos.fedpg_br import byzantine_filter, filter_threshold, filtered_mean, geometric_inner_steps
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
@@ -39,7 +39,7 @@ def _requires(env_id: str) -> None:
 
 
 def _grid(**kwargs) -> FedPGBR:
-    defaults = dict(learning_rate=0.5, batch_range=(6, 8), inner_batch_size=3, gamma=0.9, seed=0, device="cpu",
+    defaults = dict(step_size=0.5, batch_range=(6, 8), inner_batch_size=3, gamma=0.9, seed=0, device="cpu",
                     policy_kwargs=dict(dtype=torch.float64))
     defaults.update(kwargs)
     return FedPGBR("TabularPolicy", GRID, **defaults)
@@ -169,13 +169,13 @@ def test_attacked_estimator_on_fedavg_local_steps():
     theta = torch.randn(1, 8, 100, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.3
     honest = PolicyGradient(policy, 0.9, 6)
     attacked = AttackedEstimator(honest, "sign_flip", torch.ones(8, dtype=torch.bool))
-    s1 = Sampler(GRIDWORLD, params, policy, RandomStreams(derive_keys(0, torch.arange(8)).reshape(1, 8)))
-    s2 = Sampler(GRIDWORLD, params, policy, RandomStreams(derive_keys(0, torch.arange(8)).reshape(1, 8)))
+    s1 = KernelSampler(GRIDWORLD, params, policy, RandomStreams(derive_keys(0, torch.arange(8)).reshape(1, 8)))
+    s2 = KernelSampler(GRIDWORLD, params, policy, RandomStreams(derive_keys(0, torch.arange(8)).reshape(1, 8)))
     assert torch.allclose(attacked(s1, theta), -2.5 * honest(s2, theta))
     assert attacked.trajectories_per_step == 6 and attacked.name == "pg+sign_flip"
     # On the class: three attackers with large noise push FedAvg-PG away from the honest run.
-    clean = FedAvgPG("TabularPolicy", GRID, beta=0.3, tau=2, m_in=6, m_h=0, m_out=0, seed=0, device="cpu")
-    noisy = FedAvgPG("TabularPolicy", GRID, beta=0.3, tau=2, m_in=6, m_h=0, m_out=0, seed=0, device="cpu")
+    clean = FedAvgPG("TabularPolicy", GRID, step_size=0.3, local_steps=2, n_trajectories=6, seed=0, device="cpu")
+    noisy = FedAvgPG("TabularPolicy", GRID, step_size=0.3, local_steps=2, n_trajectories=6, seed=0, device="cpu")
     mask = torch.zeros(8, dtype=torch.bool)
     mask[:3] = True
     noisy.estimator = AttackedEstimator(noisy.estimator, RandomNoise(), mask)
@@ -190,7 +190,7 @@ def test_all_honest_agents_are_kept_when_they_share_a_task():
     # deviation under-states the spread of 6-trajectory means; the bound-based σ keeps everyone.
     goal = GRIDWORLD.train_tasks[0]
     env = fedrl_envs.FamilyVectorEnv(GRIDWORLD, stack_params([goal] * 8), n_envs=1)
-    model = FedPGBR("TabularPolicy", env, learning_rate=0.5, batch_range=(6, 8), inner_batch_size=3, gamma=0.9, seed=0,
+    model = FedPGBR("TabularPolicy", env, step_size=0.5, batch_range=(6, 8), inner_batch_size=3, gamma=0.9, seed=0,
                     device="cpu", sigma="auto_bound")
     model.learn(total_rounds=5)
     assert all(all(row) for row in model.filter_history)
@@ -269,7 +269,7 @@ def test_save_load_continues_identically(tmp_path):
         (dict(byzantine_agents=[8]), "byzantine_agents"),
         (dict(attack="meteor"), "attack"),
         (dict(server_task=9), "server_task"),
-        (dict(learning_rate=-0.1), "learning_rate"),
+        (dict(step_size=-0.1), "step_size"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
@@ -278,7 +278,7 @@ def test_bad_arguments_raise(kwargs, match):
 
 
 def test_learns_on_gridworld():
-    model = _grid(learning_rate=3.0, batch_range=(16, 20), inner_batch_size=8, sigma="auto_bound")
+    model = _grid(step_size=3.0, batch_range=(16, 20), inner_batch_size=8, sigma="auto_bound")
     before = model.evaluate_round()["exact_return"]  # exact discounted return averaged over the 8 goals
     model.learn(total_rounds=10)
     assert model.evaluate_round()["exact_return"] > before + 0.15
@@ -287,7 +287,7 @@ def test_learns_on_gridworld():
 
 @pytest.mark.parametrize("attack", ["random_action", "reward_flip", "zero_gradient"])
 def test_smoke_arc_navigation_with_attacks(attack):
-    model = FedPGBR("MlpPolicy", ARC, learning_rate=0.05, batch_range=(4, 5), inner_batch_size=2, attack=attack,
+    model = FedPGBR("MlpPolicy", ARC, step_size=0.05, batch_range=(4, 5), inner_batch_size=2, attack=attack,
                     byzantine_agents=[0, 1], seed=0, device="cpu", eval_trajectories=2)
     model.learn(total_rounds=2)
     assert len(model.filter_history) == 2 and torch.isfinite(model.theta).all()
@@ -305,7 +305,7 @@ def test_smoke_cartpole_rejects_random_noise():
 def test_batched_runs_equal_class_runs_alone():
     """Two seeds as one batched program give each seed's class result (inner loops of different
     lengths included: a finished run's server streams are rewound)."""
-    from fedrl_algos.attacks import attack_streams
+    from fedrl_algos.core.attacks import attack_streams
     from fedrl_algos.core.federation import Federation
     from fedrl_algos.fedpg_br import make_server_sampler
 
@@ -356,11 +356,11 @@ def test_cartpole_learns_despite_three_sign_flippers():
 def test_adam_server_batched_equals_class_and_survives_save_load(tmp_path):
     """The Adam server (FedPG-BR's experimental optimizer): two seeds batched give each seed's class
     result, and a saved model continues with the same optimizer state."""
-    from fedrl_algos.attacks import attack_streams
+    from fedrl_algos.core.attacks import attack_streams
     from fedrl_algos.core.federation import Federation
     from fedrl_algos.fedpg_br import make_server_sampler
 
-    models = [_grid(learning_rate=0.05, server_optimizer="adam", seed=s).learn(total_rounds=3) for s in (0, 1)]
+    models = [_grid(step_size=0.05, server_optimizer="adam", seed=s).learn(total_rounds=3) for s in (0, 1)]
     assert models[0].optimizer_state is not None and float(models[0].optimizer_state.step[0]) > 0
     m0, seeds = models[0], torch.tensor([0, 1])
     federation = Federation(GRIDWORLD, m0.federation.agent_params, m0.policy, seeds, 0.9)
@@ -375,7 +375,7 @@ def test_adam_server_batched_equals_class_and_survives_save_load(tmp_path):
     for s in (0, 1):
         assert torch.allclose(theta[s], models[s].theta, atol=1e-12)
         assert torch.equal(state.step[s:s + 1], models[s].optimizer_state.step)
-    sgd = _grid(learning_rate=0.05, seed=0).learn(total_rounds=3)
+    sgd = _grid(step_size=0.05, seed=0).learn(total_rounds=3)
     assert sgd.optimizer_state is None and not torch.allclose(sgd.theta, models[0].theta)
 
     model = models[0]

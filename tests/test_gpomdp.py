@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from fedrl_algos.core import Sampler, Trajectories, policy_gradient, rollout
+from fedrl_algos.core import KernelSampler, Trajectories, policy_gradient, rollout
 from fedrl_algos.core.gpomdp import (
     ScoreFunctionGradient,
     gpomdp,
@@ -157,8 +157,8 @@ def test_importance_weighted_gradient_estimates_the_other_policys_gradient(tabul
 
 
 def test_score_function_gradient_strategy(tabular, grid_params):
-    sampler = Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(9, torch.arange(8))))
-    twin = Sampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(9, torch.arange(8))))
+    sampler = KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(9, torch.arange(8))))
+    twin = KernelSampler(GRIDWORLD, grid_params, tabular, RandomStreams(derive_keys(9, torch.arange(8))))
     estimator = ScoreFunctionGradient(tabular, GAMMA, 12, "reinforce", "mean")
     theta = _theta(8)
     assert estimator.trajectories_per_step == 12

@@ -148,7 +148,6 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles (counting imports inside functions): " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-@_IN_PROGRESS
 def test_core_is_a_leaf() -> None:
     bad = [
         f"{m} imports {t}"
@@ -172,7 +171,6 @@ def test_lower_layers_do_not_import_upper_ones() -> None:
     assert not bad, "; ".join(bad)
 
 
-@_IN_PROGRESS
 def test_algorithms_do_not_import_each_other() -> None:
     graph = import_graph()
     bad = [

@@ -10,7 +10,7 @@ import torch
 
 import fedrl_envs
 from fedrl_algos import MFPO, FedAvgPG
-from fedrl_algos.core import Sampler
+from fedrl_algos.core import KernelSampler
 from fedrl_algos.core.gpomdp import gpomdp_weights, score_gradient
 from fedrl_algos.mfpo import (
     ExponentialStepSize,
@@ -85,7 +85,7 @@ def _update(policy, **kwargs) -> MFPOUpdate:
 
 
 def _sampler(policy, seed: int = 4) -> Sampler:
-    return Sampler(GRIDWORLD, stack_params(GRIDWORLD.train_tasks[:3]), policy, RandomStreams(derive_keys(seed, torch.arange(3))))
+    return KernelSampler(GRIDWORLD, stack_params(GRIDWORLD.train_tasks[:3]), policy, RandomStreams(derive_keys(seed, torch.arange(3))))
 
 
 def test_local_and_global_steps_by_hand():
@@ -145,7 +145,7 @@ def test_without_momentum_mfpo_is_federated_pg(local_steps):
     kwargs = dict(seed=3, device="cpu", gamma=0.9, policy_kwargs=dict(dtype=torch.float64))
     mfpo = MFPO("TabularPolicy", GRID, step_size=0.4, momentum=0.0, local_steps=local_steps, n_trajectories=8,
                 initial_trajectories=8, baseline=None, **kwargs).learn(total_rounds=3)
-    fedavg = FedAvgPG("TabularPolicy", GRID, beta=0.4, tau=local_steps, m_in=8, m_h=0, m_out=0, **kwargs).learn(total_rounds=3)
+    fedavg = FedAvgPG("TabularPolicy", GRID, step_size=0.4, local_steps=local_steps, n_trajectories=8, **kwargs).learn(total_rounds=3)
     assert torch.allclose(mfpo.theta, fedavg.theta, atol=1e-12)
     assert mfpo.trajectories_per_agent == fedavg.trajectories_per_agent == 3 * local_steps * 8
     # Momentum changes the result.

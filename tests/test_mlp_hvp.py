@@ -7,15 +7,16 @@ import pytest
 import torch
 
 from fedrl_algos.core import (
-    ExactMetaGradient,
-    Sampler,
+    KernelSampler,
     autograd_hvp,
     hessian_vector_product,
     policy_gradient,
+    reward_to_go_weights,
     rollout,
 )
-from fedrl_algos.core.mlp_hvp import FastMlpPolicy, is_softmax_mlp, mlp_hvp, mlp_policy_gradient, mlp_sample
-from fedrl_algos.policies import MlpPolicy
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient
+from fedrl_algos.policies import FastMlpPolicy, MlpPolicy, is_softmax_mlp
+from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_sample
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, stack_params
 
 GAMMA = 0.9
@@ -47,8 +48,8 @@ def test_closed_form_hvp_equals_autograd_float64(chunk):
     policy = _policy()
     theta, traj, v = _problem(policy)
     assert traj.rewards.sum() > 0
-    expected = autograd_hvp(policy, theta, traj, v, GAMMA)
-    got = mlp_hvp(policy, theta, traj, v, GAMMA, chunk_samples=chunk)
+    expected = autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA))
+    got = mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA), chunk_samples=chunk)
     assert got.shape == expected.shape == (2, 3, 360)
     assert torch.allclose(got, expected, atol=1e-10, rtol=0)
     assert expected.abs().max() > 1e-2
@@ -59,7 +60,7 @@ def test_closed_form_policy_gradient_equals_autograd_float64():
     theta, traj, _ = _problem(policy)
     expected = policy_gradient(policy, theta, traj, GAMMA, closed_form=False)
     for chunk in (None, 30):
-        got = mlp_policy_gradient(policy, theta, traj, GAMMA, chunk_samples=chunk)
+        got = mlp_policy_gradient(policy, theta, traj, reward_to_go_weights(traj, GAMMA), chunk_samples=chunk)
         assert torch.allclose(got, expected, atol=1e-12, rtol=0)
     assert expected.abs().max() > 1e-2
 
@@ -79,9 +80,9 @@ def test_other_sizes_masks_and_a_shared_direction():
     traj = Trajectories(obs, actions, rewards * mask, mask)
     theta = torch.randn(4, d, generator=g, dtype=torch.float64)
     v = torch.randn(d, generator=g, dtype=torch.float64)
-    assert torch.allclose(mlp_hvp(policy, theta, traj, v, GAMMA), autograd_hvp(policy, theta, traj, v, GAMMA), atol=1e-10)
+    assert torch.allclose(mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)), autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)), atol=1e-10)
     pg = policy_gradient(policy, theta, traj, GAMMA, closed_form=False)
-    assert torch.allclose(mlp_policy_gradient(policy, theta, traj, GAMMA), pg, atol=1e-12)
+    assert torch.allclose(mlp_policy_gradient(policy, theta, traj, reward_to_go_weights(traj, GAMMA)), pg, atol=1e-12)
 
 
 def test_dispatch_uses_the_closed_form_only_for_one_tanh_hidden_layer():
@@ -92,22 +93,22 @@ def test_dispatch_uses_the_closed_form_only_for_one_tanh_hidden_layer():
     assert not is_softmax_mlp(_policy(act=gym.spaces.Box(-1, 1, (2,))))
     policy = _policy()
     theta, traj, v = _problem(policy, m=10)
-    assert torch.equal(hessian_vector_product(policy, theta, traj, v, GAMMA), mlp_hvp(policy, theta, traj, v, GAMMA))
-    assert torch.equal(policy_gradient(policy, theta, traj, GAMMA), mlp_policy_gradient(policy, theta, traj, GAMMA))
+    assert torch.equal(hessian_vector_product(policy, theta, traj, v, GAMMA), mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)))
+    assert torch.equal(policy_gradient(policy, theta, traj, GAMMA), mlp_policy_gradient(policy, theta, traj, reward_to_go_weights(traj, GAMMA)))
     deep = _policy(net_arch=(4, 4))
     theta, traj, v = _problem(deep, m=5)
-    assert torch.equal(hessian_vector_product(deep, theta, traj, v, GAMMA), autograd_hvp(deep, theta, traj, v, GAMMA))
+    assert torch.equal(hessian_vector_product(deep, theta, traj, v, GAMMA), autograd_hvp(deep, theta, traj, v, reward_to_go_weights(traj, GAMMA)))
 
 
 def test_rows_do_not_depend_on_the_batch():
     """A row's estimate is the same whether it is computed alone or with other rows (any tiling)."""
     policy = _policy(dtype=torch.float32)
     theta, traj, v = _problem(policy, batch=(3, 4), m=60)
-    full = mlp_hvp(policy, theta, traj, v, GAMMA, chunk_samples=2000)
+    full = mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA), chunk_samples=2000)
     from fedrl_algos.core import Trajectories
 
     alone = Trajectories(*(x[1:2, 2:3] for x in traj))
-    one = mlp_hvp(policy, theta[1:2, 2:3], alone, v[1:2, 2:3], GAMMA, chunk_samples=2000)
+    one = mlp_hvp(policy, theta[1:2, 2:3], alone, v[1:2, 2:3], reward_to_go_weights(alone, GAMMA), chunk_samples=2000)
     assert torch.equal(full[1, 2], one[0, 0])
 
 
@@ -117,7 +118,7 @@ def test_exact_meta_gradient_chunking_with_the_closed_form():
     theta = policy.theta.detach().expand(6, -1).clone()
 
     def make():
-        return Sampler(ARC_NAVIGATION, params, policy, RandomStreams(derive_keys(9, torch.arange(6))))
+        return KernelSampler(ARC_NAVIGATION, params, policy, RandomStreams(derive_keys(9, torch.arange(6))))
 
     v = torch.randn(6, 360, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     whole = ExactMetaGradient(policy, GAMMA, 1.0, 5, 120, 5, hvp_chunk=1000).curvature(make(), theta, v)

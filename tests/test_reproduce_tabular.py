@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import gymnasium as gym
 import pytest
 import torch
 
 from fedrl_algos.cli import main
-from fedrl_algos.core import ExactMetaGradient, FirstOrderMetaGradient, Sampler, policy_gradient, rollout, tabular_hvp
+from fedrl_algos.core import KernelSampler, policy_gradient, reward_to_go_weights, rollout
 from fedrl_algos.core.estimators import autograd_hvp
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.tabular import fast_rollout_model, probs_table, tabulate
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+from fedrl_algos.policies.tabular import tabulate
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.reproduce import EXPERIMENTS
@@ -22,8 +22,6 @@ from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, index_params, repe
 
 GAMMA = 0.9
 RECORD_FIELDS = {"experiment", "method", "seed", "alpha", "round", "trajectories", "F", "f"}
-# rollout() looks the fast path up in its own module (the package re-exports the function under the same name)
-ROLLOUT_MODULE = sys.modules["fedrl_algos.core.rollout"]
 
 
 def _policy(dtype=torch.float64) -> TabularPolicy:
@@ -41,9 +39,9 @@ def test_fast_rollout_is_bitwise_the_generic_rollout(dtype, monkeypatch):
     policy = _policy(dtype)
     theta = (torch.randn(3, 8, 100, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2).to(dtype)
     fast_streams, generic_streams = RandomStreams(_keys(3)), RandomStreams(_keys(3))
-    assert fast_rollout_model(GRIDWORLD, params, policy) is not None
+    assert policy.kernel_rollout_plan(GRIDWORLD, params) is not None
     fast = [rollout(GRIDWORLD, params, policy, theta, fast_streams, 7) for _ in range(2)]
-    monkeypatch.setattr(ROLLOUT_MODULE, "fast_rollout_model", lambda *args: None)
+    monkeypatch.setattr(TabularPolicy, "kernel_rollout_plan", lambda self, family, params: None)
     generic = [rollout(GRIDWORLD, params, policy, theta, generic_streams, 7) for _ in range(2)]
     for a, b in zip(fast, generic):
         for x, y in zip(a, b):
@@ -74,20 +72,20 @@ def test_fast_path_needs_a_tabular_policy_and_discrete_cells():
 
     params = stack_params(GRIDWORLD.train_tasks)
     mlp = MlpPolicy(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(8))
-    assert fast_rollout_model(GRIDWORLD, params, mlp) is None
+    assert mlp.kernel_rollout_plan(GRIDWORLD, params) is None
     arc = stack_params(ARC_NAVIGATION.train_tasks)
-    assert fast_rollout_model(ARC_NAVIGATION, arc, mlp) is None
+    assert mlp.kernel_rollout_plan(ARC_NAVIGATION, arc) is None
     small = TabularPolicy(gym.spaces.Discrete(9), gym.spaces.Discrete(4))  # does not match the 5 x 5 grid
-    assert fast_rollout_model(GRIDWORLD, params, small) is None
+    assert small.kernel_rollout_plan(GRIDWORLD, params) is None
 
 
 def test_probability_table_cache_sees_in_place_changes():
     policy = _policy()
     theta = torch.zeros(2, 100, dtype=torch.float64)
-    first = probs_table(policy, theta)
-    assert probs_table(policy, theta) is first  # cached
+    first = policy.probs_table(theta)
+    assert policy.probs_table(theta) is first  # cached
     theta[0, :4] = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
-    second = probs_table(policy, theta)
+    second = policy.probs_table(theta)
     assert torch.equal(second, torch.softmax(theta.reshape(2, 25, 4), -1))
     assert not torch.equal(second, first)
 
@@ -101,8 +99,8 @@ def test_closed_forms_without_batch_dims_and_with_a_shared_direction():
     auto = policy_gradient(policy, theta.reshape(1, 100), traj, GAMMA, closed_form=False)[0]
     assert torch.allclose(policy_gradient(policy, theta, traj0, GAMMA), auto, atol=1e-12)
     v = torch.randn(100, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    hv = tabular_hvp(policy, theta.reshape(1, 100), traj, v, GAMMA)  # v shared, broadcast to θ
-    assert torch.allclose(hv, autograd_hvp(policy, theta.reshape(1, 100), traj, v.reshape(1, 100), GAMMA), atol=1e-12)
+    hv = policy.hvp(theta.reshape(1, 100), traj, v, reward_to_go_weights(traj, GAMMA))  # v shared, broadcast to θ
+    assert torch.allclose(hv, autograd_hvp(policy, theta.reshape(1, 100), traj, v.reshape(1, 100), reward_to_go_weights(traj, GAMMA)), atol=1e-12)
 
 
 @pytest.mark.parametrize("cls", [ExactMetaGradient, FirstOrderMetaGradient])
@@ -136,9 +134,14 @@ def test_tensor_alpha_rows_equal_scalar_alpha_runs(cls):
 def test_sampler_fast_path_shares_the_kernel_table_across_calls():
     policy = _policy()
     params = stack_params(GRIDWORLD.train_tasks)
-    sampler = Sampler(GRIDWORLD, repeat_params(params, 1), policy, RandomStreams(derive_keys(0, torch.arange(8))))
+    sampler = KernelSampler(GRIDWORLD, repeat_params(params, 1), policy, RandomStreams(derive_keys(0, torch.arange(8))))
     sampler(torch.zeros(8, 100, dtype=torch.float64), 2)
-    assert fast_rollout_model(GRIDWORLD, sampler.params, policy) is fast_rollout_model(GRIDWORLD, sampler.params, policy)
+    plan = sampler._kernel_plan()
+    assert plan is not None
+    sampler(torch.zeros(8, 100, dtype=torch.float64), 2)
+    assert sampler._kernel_plan() is plan  # tabulated once, kept on the sampler
+    sampler.policy = _policy()
+    assert sampler._kernel_plan() is not plan  # another policy object: planned anew
 
 
 # --- the experiments ----------------------------------------------------------------------------------
