@@ -1,7 +1,6 @@
 """``fedrl reproduce <experiment>|all``: rerun the papers' experiments from the command line.
 
-Importing this module appends :func:`register` to :data:`fedrl_algos.cli._EXTRA_COMMANDS` (the
-``fedrl`` parser imports it while it builds itself).
+:func:`register` adds the sub-command to a parser; :mod:`fedrl_algos.cli` lists it among its commands.
 """
 
 from __future__ import annotations
@@ -93,12 +92,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
     parser.set_defaults(func=cmd_reproduce)
 
-
-def _append_to_fedrl_cli() -> None:
-    from fedrl_algos import cli
-
-    if register not in cli._EXTRA_COMMANDS:
-        cli._EXTRA_COMMANDS.append(register)
-
-
-_append_to_fedrl_cli()
