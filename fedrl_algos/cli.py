@@ -6,6 +6,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from fedrl_algos import bench
+from fedrl_algos.reproduce import cli as reproduce_cli
+from fedrl_algos.reproduce import demo
+
 
 def _cmd_envs(args: argparse.Namespace) -> int:
     import fedrl_envs
@@ -28,41 +32,41 @@ def _cmd_envs(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``fedrl`` command (sub-commands register themselves here)."""
-    parser = argparse.ArgumentParser(prog="fedrl", description="Federated and personalized reinforcement learning.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    envs = sub.add_parser("envs", help="list every registered task family with its tasks")
+def register_envs(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``fedrl envs`` to the ``fedrl`` parser."""
+    envs = subparsers.add_parser("envs", help="list every registered task family with its tasks")
     envs.add_argument("--all", action="store_true", help="list every held-out task")
     envs.set_defaults(func=_cmd_envs)
-    import fedrl_algos.reproduce.cli  # noqa: F401  (appends ``fedrl reproduce`` to _EXTRA_COMMANDS)
 
-    for register in _EXTRA_COMMANDS:
+
+#: the sub-commands of ``fedrl``, in the order of ``fedrl --help``: each adds itself to the parser's
+#: sub-parsers. One explicit list, so that building the parser imports nothing for its side effects.
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    register_envs,
+    bench.register,
+    demo.register,
+    reproduce_cli.register,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``fedrl`` command, one sub-command per :data:`COMMANDS` entry."""
+    parser = argparse.ArgumentParser(prog="fedrl", description="Federated and personalized reinforcement learning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register in COMMANDS:
         register(sub)
     return parser
 
 
-#: functions ``register(subparsers)`` adding further sub-commands (demo, bench, reproduce)
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
-
-from fedrl_algos import bench as _bench  # noqa: E402  (registers ``fedrl bench``)
-
-_EXTRA_COMMANDS.append(_bench.register)
-
-from fedrl_algos.reproduce import demo as _demo  # noqa: E402  (registers ``fedrl demo``)
-
-_EXTRA_COMMANDS.append(_demo.register)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fedrl`` console script."""
+    """Entry point of the ``fedrl`` console script (and of ``python -m fedrl_algos.cli``).
+
+    :param argv: the arguments (``None``: ``sys.argv[1:]``)
+    :return: the exit status of the sub-command (argparse exits with 2 on a usage error)
+    """
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":
-    # ``python -m fedrl_algos.cli``: run the imported module's main, whose command registry the
-    # sub-command modules (``fedrl reproduce``) extend; this ``__main__`` copy has its own, empty one.
-    from fedrl_algos.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -16,15 +16,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fedrl_envs", "wrappers", "fedrl_algos")
 #: one package per algorithm; none may import another
-# The restructuring of issue 11 is in progress: these hold once it has landed (strict, so that the
-# marker has to go as soon as they pass).
-_IN_PROGRESS = pytest.mark.xfail(strict=True, reason="issue 11: restructuring in progress")
-
 ALGORITHM_PACKAGES = (
     "fedrl_algos.per_fedavg_pg",
     "fedrl_algos.fedavg_pg",
@@ -142,7 +136,6 @@ def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-@_IN_PROGRESS
 def test_no_import_cycles() -> None:
     cycles = _cycles(import_graph())
     assert not cycles, "import cycles (counting imports inside functions): " + "; ".join(" <-> ".join(c) for c in cycles)

@@ -284,6 +284,6 @@ def test_quick_reproduce_mfpo_writes_records_and_report(tmp_path):
     assert "Fed-SAC" in report and "Fed-DQN" in report and "MFPO" in report
     assert (tmp_path / "mfpo" / "mfpo_cartpole_comparison.png").exists()
     with pytest.raises(ValueError, match="env"):
-        experiment.configure(env="hopper")
+        experiment.config(env="hopper")
     with pytest.raises(ValueError, match="option"):
-        experiment.configure(horizon=3)
+        experiment.config(horizon=3)

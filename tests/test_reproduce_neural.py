@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedrl_algos.core import Trajectories, policy_gradient
-from fedrl_algos.reproduce.common import EXPERIMENTS, run_experiment
+from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 from fedrl_algos.reproduce.neural import (
     MetaSweep,
     adapt_one_step,

@@ -147,7 +147,7 @@ def test_sampler_fast_path_shares_the_kernel_table_across_calls():
 # --- the experiments ----------------------------------------------------------------------------------
 def test_a_seed_gives_the_same_result_alone_or_batched():
     """Training is bitwise batch-independent; the exact evaluation agrees to float64 rounding."""
-    cfg = TabularConfig.quick()
+    cfg = TabularConfig().quick()
     alone = train_tabular([3], ALPHAS, cfg)
     batched = train_tabular([1, 2, 3], ALPHAS, cfg)
     for method in METHODS:
@@ -183,7 +183,7 @@ def test_quick_personalization_through_the_cli(tmp_path, capsys):
     for name in ("results.json", "report.md", "fig1_left_trajectories.png", "fig6_rounds.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0
     payload = _load(out)
-    cfg = TabularConfig.quick()
+    cfg = TabularConfig().quick()
     records = payload["records"]
     assert payload["settings"]["seeds"] == 2 and payload["settings"]["quick"] is True
     assert len(records) == len(METHODS) * 2 * (cfg.rounds + 1)
@@ -211,7 +211,7 @@ def test_quick_alpha_through_the_cli(tmp_path):
     payload = _load(out)
     records = payload["records"]
     assert {r["alpha"] for r in records} == set(ALPHAS) and {r["seed"] for r in records} == {0, 1, 2}
-    assert len(records) == len(METHODS) * len(ALPHAS) * 3 * (TabularConfig.quick().rounds + 1)
+    assert len(records) == len(METHODS) * len(ALPHAS) * 3 * (TabularConfig().quick().rounds + 1)
     by_key = {(r["method"], r["alpha"], r["seed"], r["round"]): r for r in records}
     for r in records:
         if r["alpha"] == 0.0:
@@ -268,29 +268,26 @@ def test_cli_lists_mfpo_experiments_and_takes_env(tmp_path, capsys):
     from fedrl_algos.reproduce import EXPERIMENTS
 
     assert {"mfpo", "byzantine"} <= set(EXPERIMENTS)
-    assert not EXPERIMENTS["mfpo"].include_in_all
+    assert not EXPERIMENTS["mfpo"].include_in_all and not EXPERIMENTS["byzantine"].include_in_all
+    assert all(EXPERIMENTS[name].include_in_all for name in ("personalization", "alpha", "curvature", "fewshot", "rollouts"))
     assert main(["reproduce", "byzantine", "--quick", "--env", "cartpole", "--out", str(tmp_path), "--no-progress"]) == 0
     assert (tmp_path / "byzantine" / "results.json").exists()
     assert main(["reproduce", "alpha", "--quick", "--env", "cartpole", "--out", str(tmp_path), "--no-progress"]) == 2
 
 
-def test_cli_budget_flags_configure_only_the_experiments_that_take_them(tmp_path, capsys):
-    from fedrl_algos.reproduce import EXPERIMENTS
-
-    mfpo = EXPERIMENTS["mfpo"]
-    before = dict(mfpo.options)
-    try:
-        assert main(["reproduce", "mfpo", "--quick", "--budget", "2e5", "--sb3-budget", "1e4", "--no-sweeps",
-                     "--out", str(tmp_path), "--no-progress"]) == 0
-        assert mfpo.options["budget"] == 2e5 and mfpo.options["sb3_budget"] == 1e4 and mfpo.options["sweeps"] is False
-        assert main(["reproduce", "byzantine", "--quick", "--no-sweeps", "--out", str(tmp_path), "--no-progress"]) == 2
-        assert "--no-sweeps applies to mfpo, not byzantine" in capsys.readouterr().err
-        assert main(["reproduce", "alpha", "--quick", "--budget", "1e5", "--out", str(tmp_path), "--no-progress"]) == 2
-        with pytest.raises(SystemExit):
-            main(["reproduce", "mfpo", "--budget", "-3"])
-    finally:
-        mfpo.options.clear()
-        mfpo.options.update(before)
+def test_cli_budget_flags_set_config_fields_of_only_the_experiments_that_take_them(tmp_path, capsys):
+    assert main(["reproduce", "mfpo", "--quick", "--budget", "2e5", "--sb3-budget", "1e4", "--no-sweeps",
+                 "--out", str(tmp_path), "--no-progress"]) == 0
+    settings = json.loads((tmp_path / "mfpo" / "results.json").read_text())["settings"]
+    # --quick shrinks the flagged config: its budgets are the smoke run's, the other fields are kept
+    assert settings["sweeps"] is False and settings["env"] == "cartpole" and settings["budget"] == 0.0
+    assert "agents_sweep" not in {r["part"] for r in json.loads((tmp_path / "mfpo" / "results.json").read_text())["records"]}
+    assert main(["reproduce", "byzantine", "--quick", "--no-sweeps", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--no-sweeps applies to mfpo, not byzantine" in capsys.readouterr().err
+    assert main(["reproduce", "alpha", "--quick", "--budget", "1e5", "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--budget applies to byzantine, mfpo, not alpha" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "mfpo", "--budget", "-3"])
 
 
 def test_python_dash_m_cli_has_the_reproduce_command():

@@ -60,7 +60,7 @@ class FedPGBR(FederatedAlgorithm):
     :param server_task: the task of the server's own environment: an agent index, or ``None``
         (server trajectory j runs agent ``j mod n``'s task, so the inner loop estimates the
         gradient of the agents' average objective)
-    :param attack: what Byzantine agents do: an :class:`~fedrl_algos.attacks.Attack` or its name
+    :param attack: what Byzantine agents do: an :class:`~fedrl_algos.core.attacks.Attack` or its name
         (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``)
     :param byzantine_agents: indices of the Byzantine agents
     :param gamma: discount γ

@@ -1,23 +1,60 @@
 """``fedrl reproduce``: the papers' experiments as batched programs with figures and reports.
 
-Importing this package registers every experiment in :data:`EXPERIMENTS`: the tabular ones
-(:mod:`fedrl_algos.reproduce.tabular`: ``personalization``, ``alpha``) and the neural ones
-(:mod:`fedrl_algos.reproduce.neural`: ``curvature``, ``fewshot``, ``rollouts``), and the MFPO
+:data:`EXPERIMENTS` lists every experiment: the tabular ones
+(:mod:`fedrl_algos.reproduce.tabular`: ``personalization``, ``alpha``), the neural ones
+(:mod:`fedrl_algos.reproduce.neural`: ``curvature``, ``fewshot``, ``rollouts``) and the MFPO
 paper's comparison (:mod:`fedrl_algos.reproduce.mfpo`: ``mfpo``, ``byzantine``; not part of ``all``,
-whose full versions take hours on two cores).
+whose full versions take hours on two cores). Each takes a frozen config (``experiment.config_class``)::
+
+    from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
+
+    alpha = EXPERIMENTS["alpha"]
+    run_experiment(alpha, "out", seeds=2, config=alpha.config(quick=True, alphas=(0.0, 1.0)))
 """
 
-from importlib import import_module
-from importlib.util import find_spec
+from types import MappingProxyType
 
-from fedrl_algos.reproduce.common import EXPERIMENTS, Experiment, ExperimentOutput, TableRow, register, run_experiment
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, config_settings, run_experiment
+from fedrl_algos.reproduce.mfpo import ByzantineConfig, ByzantineExperiment, MFPOComparison, MFPOConfig
+from fedrl_algos.reproduce.neural import (
+    CurvatureConfig,
+    CurvatureExperiment,
+    FewShotConfig,
+    FewShotExperiment,
+    RolloutsConfig,
+    RolloutsExperiment,
+)
+from fedrl_algos.reproduce.tabular import AlphaConfig, AlphaExperiment, PersonalizationConfig, PersonalizationExperiment
 
-# Every module listed here registers its experiments when imported; a module that is not there
-# (yet) is skipped. Add new experiment modules to this tuple.
-EXPERIMENT_MODULES = ("fedrl_algos.reproduce.tabular", "fedrl_algos.reproduce.neural", "fedrl_algos.reproduce.mfpo")
+#: every experiment by name, in the order of ``fedrl reproduce --help`` and of ``fedrl reproduce all``
+#: (read-only: the experiments hold no state, a run's settings are its config)
+EXPERIMENTS = MappingProxyType(
+    {
+        experiment.name: experiment
+        for experiment in (
+            PersonalizationExperiment(),
+            AlphaExperiment(),
+            CurvatureExperiment(),
+            FewShotExperiment(),
+            RolloutsExperiment(),
+            MFPOComparison(),
+            ByzantineExperiment(),
+        )
+    }
+)
 
-for _module in EXPERIMENT_MODULES:
-    if find_spec(_module) is not None:
-        import_module(_module)
-
-__all__ = ["EXPERIMENTS", "EXPERIMENT_MODULES", "Experiment", "ExperimentOutput", "TableRow", "register", "run_experiment"]
+__all__ = [
+    "EXPERIMENTS",
+    "Experiment",
+    "ExperimentOutput",
+    "TableRow",
+    "config_settings",
+    "run_experiment",
+    "PersonalizationConfig",
+    "AlphaConfig",
+    "CurvatureConfig",
+    "FewShotConfig",
+    "RolloutsConfig",
+    "MFPOConfig",
+    "ByzantineConfig",
+]

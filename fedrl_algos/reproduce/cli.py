@@ -1,7 +1,6 @@
 """``fedrl reproduce <experiment>|all``: rerun the papers' experiments from the command line.
 
-Importing this module appends :func:`register` to :data:`fedrl_algos.cli._EXTRA_COMMANDS` (the
-``fedrl`` parser imports it while it builds itself).
+:func:`register` adds the sub-command to a parser; :mod:`fedrl_algos.cli` lists it among its commands.
 """
 
 from __future__ import annotations
@@ -10,8 +9,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from fedrl_algos._cli_args import positive_float, positive_int
+from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 
 __all__ = ["register", "cmd_reproduce", "DEFAULT_SEEDS", "QUICK_SEEDS"]
 
@@ -20,11 +21,14 @@ DEFAULT_SEEDS = 10
 QUICK_SEEDS = 2
 
 
+def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
+    """The flags that set a config field, by flag: ``(field, value)``, ``value`` ``None`` when not given."""
+    return {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
+            "--no-sweeps": ("sweeps", False if args.no_sweeps else None)}
+
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run one experiment or all of them; print where the results went."""
-    from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
-
     if args.device == "cuda":
         import torch
 
@@ -32,29 +36,28 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print("fedrl reproduce: --device cuda was requested but CUDA is not available", file=sys.stderr)
             return 2
     if args.experiment == "all":
-        names = [name for name, exp in EXPERIMENTS.items() if getattr(exp, "include_in_all", True)]
+        names = [name for name, exp in EXPERIMENTS.items() if exp.include_in_all]
     else:
         names = [args.experiment]
-    # Options of the configurable experiments (mfpo, byzantine), by the flag that sets them.
-    flags = {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
-             "--no-sweeps": ("sweeps", False if args.no_sweeps else None)}
-    chosen = {flag: pair for flag, pair in flags.items() if pair[1] is not None}
+    chosen = {flag: pair for flag, pair in _flag_fields(args).items() if pair[1] is not None}
+    # A flag applies to the experiments whose config has its field; check all before running any.
     for name in names:
-        options = getattr(EXPERIMENTS[name], "options", {})
+        fields = EXPERIMENTS[name].config_fields()
         for flag, (key, _) in chosen.items():
-            if key not in options:
-                takers = sorted(n for n, e in EXPERIMENTS.items() if key in getattr(e, "options", {}))
+            if key not in fields:
+                takers = sorted(n for n, e in EXPERIMENTS.items() if key in e.config_fields())
                 print(f"fedrl reproduce: {flag} applies to {', '.join(takers)}, not {name}", file=sys.stderr)
                 return 2
-    if chosen:
-        for name in names:
-            EXPERIMENTS[name].configure(**{key: value for key, value in chosen.values()})
+    changes = dict(chosen.values())
+    # The flags change the paper's config; --quick then shrinks it (run_experiment applies quick()).
+    configs = {name: EXPERIMENTS[name].config(**changes) for name in names}
     seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
     out = Path(args.out)
     progress = not args.no_progress
     start = time.perf_counter()
     for name in names:
-        payload = run_experiment(EXPERIMENTS[name], out, seeds=seeds, quick=args.quick, device=args.device, progress=progress)
+        payload = run_experiment(EXPERIMENTS[name], out, seeds=seeds, quick=args.quick, device=args.device, progress=progress,
+                                 config=configs[name])
         print(f"{name}: {payload['wall_time_s']:.1f} s, {len(payload['records'])} records -> {out / name}/ (results.json, report.md, figures)")
     if len(names) > 1:
         print(f"all {len(names)} experiments: {time.perf_counter() - start:.1f} s")
@@ -63,10 +66,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl reproduce`` to the ``fedrl`` parser."""
-    from fedrl_algos.reproduce import EXPERIMENTS
-
     lines = [f"  {name:16s} {exp.description}" for name, exp in EXPERIMENTS.items()]
-    excluded = [name for name, exp in EXPERIMENTS.items() if not getattr(exp, "include_in_all", True)]
+    excluded = [name for name, exp in EXPERIMENTS.items() if not exp.include_in_all]
     parser = subparsers.add_parser(
         "reproduce",
         help="rerun an experiment of the Per-FedAvg-PG or MFPO paper (results.json, PNG figures, report.md)",
@@ -93,12 +94,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
     parser.set_defaults(func=cmd_reproduce)
 
-
-def _append_to_fedrl_cli() -> None:
-    from fedrl_algos import cli
-
-    if register not in cli._EXTRA_COMMANDS:
-        cli._EXTRA_COMMANDS.append(register)
-
-
-_append_to_fedrl_cli()

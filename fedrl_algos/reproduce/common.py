@@ -1,16 +1,21 @@
-"""Shared machinery of ``fedrl reproduce``: the experiment registry, outputs and reports.
+"""Shared machinery of ``fedrl reproduce``: the experiment interface, outputs and reports.
 
-An experiment is a :class:`Experiment` object registered under its name. ``run`` returns flat
-records (one per method, setting, seed and round or budget) and a comparison table against the
-paper; :func:`run_experiment` times it and writes, under ``out/<name>/``:
+An experiment is an :class:`Experiment` with a frozen config dataclass (:attr:`Experiment.config_class`:
+the paper's configuration by default, its ``quick()`` the smoke version). ``run(config, seeds,
+device, progress)`` returns flat records (one per method, setting, seed and round or budget) and a
+comparison table against the paper, and never changes the experiment or any module state, so runs
+with different configs may interleave. :func:`run_experiment` times a run and writes, under
+``out/<name>/``:
 
-* ``results.json`` — ``{"experiment", "settings", "wall_time_s", "cpu_time_s", "machine", "records": [...]}``;
+* ``results.json`` — ``{"experiment", "settings", "wall_time_s", "cpu_time_s", "machine", "records": [...]}``,
+  ``settings`` holding the config's fields, what the run derived from them, and ``seeds``, ``quick``, ``device``;
 * the experiment's PNG figures;
 * ``report.md`` — this run's numbers next to the paper's, with the settings, wall time and machine load.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -18,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
@@ -26,9 +31,9 @@ __all__ = [
     "Experiment",
     "ExperimentOutput",
     "TableRow",
-    "EXPERIMENTS",
-    "register",
     "run_experiment",
+    "config_settings",
+    "FederatedTrainingConfig",
     "write_report",
     "progress_bar",
     "machine_info",
@@ -63,35 +68,80 @@ class ExperimentOutput:
     notes: list[str] = field(default_factory=list)
 
 
-class Experiment(ABC):
-    """A reproducible experiment of one of the papers."""
+@dataclass(frozen=True)
+class FederatedTrainingConfig:
+    """The training fields every Per-FedAvg-PG experiment has: K rounds of τ local steps, each from
+    trajectory batches (the paper's Table 2; the tabular column by default)."""
 
-    #: registry name (``fedrl reproduce <name>``)
-    name: str
+    rounds: int = 80
+    """K, communication rounds"""
+    tau: int = 5
+    """τ, local steps per round"""
+    beta: float = 0.3
+    """β, local (outer) step size"""
+    m_in: int = 10
+    """m_in, trajectories of the inner adaptation estimate"""
+    m_out: int = 10
+    """m_out, trajectories of the outer gradient estimate"""
+
+
+#: an experiment's config type
+ConfigT = TypeVar("ConfigT")
+
+
+class Experiment(ABC, Generic[ConfigT]):
+    """A reproducible experiment of one of the papers.
+
+    Subclasses set the class attributes below and implement :meth:`run` and :meth:`plot`. The
+    object holds no state: everything a run depends on is its config, a frozen dataclass of type
+    :attr:`config_class` whose defaults are the paper's configuration and whose ``quick()``
+    returns the seconds-long smoke version of that config.
+    """
+
+    #: name of ``fedrl reproduce <name>``
+    name: ClassVar[str]
     #: one line shown by ``fedrl reproduce --help``
-    description: str
+    description: ClassVar[str]
     #: figure/section of the paper it reproduces
-    paper_reference: str
+    paper_reference: ClassVar[str]
+    #: the frozen config dataclass (``config_class()``: the paper's configuration)
+    config_class: ClassVar[type]
+    #: whether ``fedrl reproduce all`` runs it (``False`` for experiments that take hours at full size)
+    include_in_all: ClassVar[bool] = True
+
+    @classmethod
+    def config_fields(cls) -> tuple[str, ...]:
+        """Names of the config's fields: what :meth:`config` (and a command-line flag) may set."""
+        return tuple(f.name for f in dataclasses.fields(cls.config_class))
+
+    @classmethod
+    def config(cls, quick: bool = False, **changes: Any) -> ConfigT:
+        """The paper's config with ``changes`` applied (``dataclasses.replace``), then, with ``quick``,
+        its smoke version (``quick()`` keeps the fields that do not set the run's size, e.g. ``env``).
+
+        :param quick: return the config's ``quick()`` variant
+        :param changes: field values, e.g. ``budget=2e5``
+        :raises ValueError: for a name that is not a field of :attr:`config_class`
+        """
+        unknown = sorted(set(changes) - set(cls.config_fields()))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} of {cls.config_class.__name__}; the options are {sorted(cls.config_fields())}")
+        config = dataclasses.replace(cls.config_class(), **changes)
+        return config.quick() if quick else config
 
     @abstractmethod
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        """Run the experiment with ``seeds`` seeds (``quick``: a seconds-long smoke version)."""
+    def run(self, config: ConfigT, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        """Run the experiment with ``config`` on seeds ``0 .. seeds-1``.
+
+        :param config: an instance of :attr:`config_class`
+        :param seeds: the number of seeds
+        :param device: torch device of the whole program
+        :param progress: show a progress bar
+        """
 
     @abstractmethod
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         """Write the experiment's PNG figures into ``out_dir`` and return their paths."""
-
-
-#: every registered experiment by name, in registration order
-EXPERIMENTS: dict[str, Experiment] = {}
-
-
-def register(experiment: Experiment) -> Experiment:
-    """Add an experiment to :data:`EXPERIMENTS` (names must be unique)."""
-    if experiment.name in EXPERIMENTS:
-        raise ValueError(f"an experiment named {experiment.name!r} is already registered")
-    EXPERIMENTS[experiment.name] = experiment
-    return experiment
 
 
 def progress_bar(total: int, enabled: bool, desc: str, unit: str = "it") -> Any:
@@ -161,14 +211,57 @@ def write_report(
     return path
 
 
-def run_experiment(experiment: Experiment, out: Path, seeds: int, quick: bool, device: str, progress: bool) -> dict[str, Any]:
-    """Run, time and write one experiment; returns the content of its ``results.json``."""
+def config_settings(config: Any) -> dict[str, Any]:
+    """A config's fields as JSON values (``dataclasses.asdict``; what JSON cannot hold, e.g. a
+    callable schedule, as its ``repr``)."""
+
+    def jsonable(value: Any) -> Any:
+        if value is None or isinstance(value, bool | int | float | str):
+            return value
+        if isinstance(value, dict):
+            return {str(k): jsonable(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [jsonable(v) for v in value]
+        return repr(value)
+
+    return jsonable(dataclasses.asdict(config))
+
+
+def run_experiment(
+    experiment: Experiment,
+    out: Path,
+    seeds: int,
+    quick: bool = False,
+    device: str = "cpu",
+    progress: bool = False,
+    config: Any = None,
+) -> dict[str, Any]:
+    """Run, time and write one experiment; returns the content of its ``results.json``.
+
+    :param experiment: the experiment
+    :param out: output directory (the experiment writes into ``out/<name>/``)
+    :param seeds: number of seeds
+    :param quick: run the quick variant (``config.quick()``) of the config
+    :param device: torch device
+    :param progress: show progress bars
+    :param config: an instance of the experiment's :attr:`~Experiment.config_class` (default: the
+        paper's configuration)
+    """
+    if config is None:
+        config = experiment.config_class()
+    elif not isinstance(config, experiment.config_class):
+        raise TypeError(f"{experiment.name} takes a {experiment.config_class.__name__}, got {type(config).__name__}")
+    if quick:
+        config = config.quick()
     out_dir = Path(out) / experiment.name
     out_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
     start, cpu_start = time.perf_counter(), time.process_time()
-    output = experiment.run(seeds=seeds, quick=quick, device=device, progress=progress)
+    output = experiment.run(config, seeds=seeds, device=device, progress=progress)
     wall_time, cpu_time = time.perf_counter() - start, time.process_time() - cpu_start
+    # The config's fields first; what the run reports (derived values, wall times) after them and
+    # where a key is both, as the run wrote it (e.g. a budget it resolved from another field).
+    output = dataclasses.replace(output, settings={**config_settings(config), **output.settings})
     figures = experiment.plot(output, out_dir)
     payload = {
         "experiment": experiment.name,

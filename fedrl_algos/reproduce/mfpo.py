@@ -15,18 +15,21 @@ and local steps only. Records: ``experiment``, ``part``, ``method``, ``env``, ``
 agent), ``return`` (undiscounted evaluation return of the server policy, averaged over the agents'
 tasks), plus ``attack``, ``n_agents``, ``local_steps`` where they vary.
 
-Options (``experiment.options``, set with :meth:`MFPOComparison.configure`): ``env``
+Settings are frozen configs, one per experiment: :class:`MFPOConfig` (``env``
 (``cartpole``/``pendulum``), ``budget`` (environment steps per agent of the comparison, default
 1e6), ``sweep_budget`` (of each sweep run, default 1e6), ``comparison`` and ``sweeps`` (run those
-parts), ``sb3_baselines`` (run Fed-DQN/Fed-SAC) and ``sb3_budget`` (their steps per agent).
+parts), ``sb3_baselines`` (run Fed-DQN/Fed-SAC), ``sb3_budget`` (their steps per agent), the sweeps'
+N and K, and the methods' :class:`MethodConfig`) and :class:`ByzantineConfig`; ``config.quick()`` is
+the seconds-long smoke version. ``dataclasses.replace(MFPOConfig(), env="pendulum", sweeps=False)``
+or ``MFPOComparison.config(env="pendulum", sweeps=False)`` changes fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -40,7 +43,7 @@ from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, register
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow
 from fedrl_envs import stack_params
 
 __all__ = [
@@ -51,6 +54,8 @@ __all__ = [
     "train_fedavg",
     "train_fedpg_br",
     "train_sb3_baseline",
+    "MFPOConfig",
+    "ByzantineConfig",
     "MFPOComparison",
     "ByzantineExperiment",
 ]
@@ -65,7 +70,7 @@ PAPER_TABLE_I = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class MethodConfig:
     """Hyperparameters of the three methods (defaults: the paper's classic-control settings where
     it gives them; see ``docs/reproduction_mfpo.md`` for the choices it leaves open).
@@ -334,7 +339,7 @@ SB3_BASELINES = {"cartpole": ("Fed-DQN",), "pendulum": ("Fed-SAC",)}
 
 def train_sb3_baseline(method: str, env: str, seeds: Sequence[int], budget: float, n_agents: int = 10, evaluations: int = 10,
                        eval_episodes: int = 5, device: str = "cpu") -> list[dict[str, Any]]:
-    """Fed-DQN / Fed-SAC from issue 7 (:func:`fedrl_algos.fed_sb3.run_fed_baseline`), one run per seed.
+    """Fed-DQN / Fed-SAC from issue 7 (:func:`fedrl_algos.reproduce.sb3_baselines.run_fed_baseline`), one run per seed.
 
     Their evaluation (issue 7's protocol) is deterministic episodes on every agent's own task.
     """
@@ -471,7 +476,62 @@ def _curves_figure(rows: list[dict[str, Any]], group: str, label: Callable[[Any]
 # ------------------------------------------------------------------------------------------------
 # fedrl reproduce mfpo
 # ------------------------------------------------------------------------------------------------
-class MFPOComparison(Experiment):
+def _check_env(env: str) -> None:
+    if env not in ENVS:
+        raise ValueError(f"env must be one of {sorted(ENVS)}, got {env!r}")
+
+
+def _quick_methods(**changes: Any) -> MethodConfig:
+    """The methods' hyperparameters of a quick run: 4 trajectories a step, FedPG-BR's batches 4–5 of 2."""
+    return MethodConfig(**{"n_trajectories": 4, "batch_range": (4, 5), "inner_batch_size": 2, "eval_trajectories": 2,
+                           "eval_every": 1, **changes})
+
+
+@dataclass(frozen=True)
+class MFPOConfig:
+    """``mfpo``: the comparison of section VI and MFPO's agents and local-steps sweeps (the paper's settings)."""
+
+    env: str = "cartpole"
+    """the family: ``"cartpole"`` or ``"pendulum"`` (:data:`ENVS`)"""
+    budget: float = 1e6
+    """environment steps per agent of each comparison run (0: ``rounds`` rounds, evaluated every round)"""
+    sweep_budget: float = 1e6
+    """environment steps per agent of each sweep run"""
+    comparison: bool = True
+    """run the comparison (MFPO, FedAvg-PG, FedPG-BR and the federated SB3 baseline)"""
+    sweeps: bool = True
+    """run MFPO's agents and local-steps sweeps"""
+    sb3_baselines: bool = True
+    """run Fed-DQN / Fed-SAC where SB3 supports the action space"""
+    sb3_budget: float | None = None
+    """environment steps per agent of Fed-DQN / Fed-SAC (``None``: ``budget``)"""
+    rounds: int = 10**6
+    """most communication rounds of a comparison run"""
+    sweep_rounds: int = 10**6
+    """most communication rounds of a sweep run"""
+    n_agents: int = 10
+    """agents of the comparison and of the local-steps sweep (agent i runs the family's task i mod 10)"""
+    agent_counts: tuple[int, ...] = (1, 5, 10, 20, 50)
+    """N of the agents sweep (fig. 5)"""
+    local_step_counts: tuple[int, ...] = (1, 5, 10, 20, 50)
+    """K of the local-steps sweep (fig. 6)"""
+    sweep_max_local_steps: int | None = None
+    """cap on the K that a local-steps sweep run takes (``None``: none; records keep the nominal K)"""
+    methods: MethodConfig = field(default_factory=MethodConfig)
+    """the three methods' hyperparameters (K = 10, D = 20, ...)"""
+
+    def __post_init__(self) -> None:
+        _check_env(self.env)
+
+    def quick(self) -> Self:
+        """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
+        4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps`` and
+        ``sb3_baselines`` are kept."""
+        return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4), budget=0.0, sweep_budget=0.0,
+                       rounds=2, sweep_rounds=1, sb3_budget=60, sweep_max_local_steps=2)
+
+
+class MFPOComparison(Experiment[MFPOConfig]):
     """MFPO vs FedPG-BR vs FedAvg-PG, and MFPO's agents and local-steps sweeps."""
 
     name = "mfpo"
@@ -479,100 +539,74 @@ class MFPOComparison(Experiment):
     include_in_all = False
     description = "MFPO vs FedPG-BR vs FedAvg-PG on heterogeneous CartPole/Pendulum; agents and local-steps sweeps"
     paper_reference = "the MFPO paper, section VI: Table I and figs. 3, 5, 6"
-    agent_counts = (1, 5, 10, 20, 50)
-    local_step_counts = (1, 5, 10, 20, 50)
+    config_class = MFPOConfig
 
-    def __init__(self) -> None:
-        self.options: dict[str, Any] = {"env": "cartpole", "budget": 1e6, "sweep_budget": 1e6, "comparison": True, "sweeps": True,
-                                        "sb3_baselines": True, "sb3_budget": None}
-
-    def configure(self, **options: Any) -> MFPOComparison:
-        """Set options (``env``, ``budget``, ``sweep_budget``, ``comparison``, ``sweeps``,
-        ``sb3_baselines``, ``sb3_budget``: steps per agent of Fed-DQN/Fed-SAC, default ``budget``);
-        returns ``self``."""
-        unknown = set(options) - set(self.options)
-        if unknown:
-            raise ValueError(f"unknown option(s) {sorted(unknown)}; the options are {sorted(self.options)}")
-        if "env" in options and options["env"] not in ENVS:
-            raise ValueError(f"env must be one of {sorted(ENVS)}, got {options['env']!r}")
-        self.options.update(options)
-        return self
-
-    def config(self, quick: bool) -> tuple[MethodConfig, dict[str, Any]]:
-        opts = dict(self.options)
-        if quick:
-            cfg = MethodConfig(local_steps=2, n_trajectories=4, initial_trajectories=4, batch_range=(4, 5), inner_batch_size=2,
-                               eval_trajectories=2, eval_every=1)
-            opts.update(budget=0.0, sweep_budget=0.0, rounds=2, sweep_rounds=1, sb3_budget=60)
-        else:
-            cfg = MethodConfig()
-            opts.update(rounds=10**6, sweep_rounds=10**6, sb3_budget=opts["sb3_budget"] or opts["budget"])
-        return cfg, opts
-
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        cfg, opts = self.config(quick)
-        env = opts["env"]
+    def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        cfg, env = config.methods, config.env
+        sb3_budget = config.sb3_budget or config.budget
         seed_list = list(range(seeds))
         records: list[dict[str, Any]] = []
         base = {"experiment": self.name, "env": env}
         notes: list[str] = []
         wall: dict[str, float] = {}
         trainers: dict[str, Callable[[Population, Any], list[dict[str, Any]]]] = {
-            "MFPO": lambda pop, bar: train_mfpo(pop, opts["budget"], opts["rounds"], bar=bar),
-            "FedAvg-PG": lambda pop, bar: train_fedavg(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar),
-            "FedPG-BR": lambda pop, bar: train_fedpg_br(pop, opts["budget"], max_rounds=opts["rounds"], bar=bar)[0],
+            "MFPO": lambda pop, bar: train_mfpo(pop, config.budget, config.rounds, bar=bar),
+            "FedAvg-PG": lambda pop, bar: train_fedavg(pop, config.budget, max_rounds=config.rounds, bar=bar),
+            "FedPG-BR": lambda pop, bar: train_fedpg_br(pop, config.budget, max_rounds=config.rounds, bar=bar)[0],
         }
-        for method, train in trainers.items() if opts["comparison"] else ():
-            pop = Population(env, seed_list, 10, cfg, device)
+        n = config.n_agents
+        for method, train in trainers.items() if config.comparison else ():
+            pop = Population(env, seed_list, n, cfg, device)
             points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar))
-            records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=10, local_steps=cfg.local_steps)
+            records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=n, local_steps=cfg.local_steps)
         missing = {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"}
         for method in ("Fed-DQN", "Fed-SAC"):
             if method not in SB3_BASELINES[env]:
                 missing[method] = "not run: " + ("DQN needs discrete actions" if method == "Fed-DQN" else "SB3's SAC needs continuous actions")
                 continue
-            if not opts["sb3_baselines"] or not opts["comparison"]:
+            if not config.sb3_baselines or not config.comparison:
                 missing[method] = "not run (option sb3_baselines off)"
                 continue
             try:
                 import fedrl_algos.fedavg_sb3  # noqa: F401
             except ImportError:
                 continue
-            rows = _timed(False, method, wall, lambda _, method=method: train_sb3_baseline(method, env, seed_list, opts["sb3_budget"], device=device))
-            records += [{**base, "part": "comparison", "method": method, "n_agents": 10, "local_steps": None, **r} for r in rows]
+            rows = _timed(False, method, wall, lambda _, method=method: train_sb3_baseline(method, env, seed_list, sb3_budget, n_agents=n,
+                                                                                        device=device))
+            records += [{**base, "part": "comparison", "method": method, "n_agents": n, "local_steps": None, **r} for r in rows]
             missing.pop(method)
-        self._missing = missing
-        if opts["sweeps"]:
-            settings = [("agents_sweep", n, cfg.local_steps) for n in self.agent_counts]
-            settings += [("local_steps_sweep", 10, k) for k in self.local_step_counts]
-            for part, n, k in settings:
-                sweep_cfg = MethodConfig(**{**vars(cfg), "local_steps": k if not quick else min(k, 2)})
-                pop = Population(env, seed_list, n, sweep_cfg, device)
-                desc = f"MFPO N={n}" if part == "agents_sweep" else f"MFPO K={k}"
-                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, opts["sweep_budget"], opts["sweep_rounds"], bar=bar))
-                records += _records(points, seed_list, **base, part=part, method="MFPO", n_agents=n, local_steps=k)
-        table = self._table(records, env, quick)
+        if config.sweeps:
+            settings = [("agents_sweep", agents, cfg.local_steps) for agents in config.agent_counts]
+            settings += [("local_steps_sweep", n, k) for k in config.local_step_counts]
+            cap = config.sweep_max_local_steps
+            for part, agents, k in settings:
+                sweep_cfg = replace(cfg, local_steps=k if cap is None else min(k, cap))
+                pop = Population(env, seed_list, agents, sweep_cfg, device)
+                desc = f"MFPO N={agents}" if part == "agents_sweep" else f"MFPO K={k}"
+                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, config.sweep_budget, config.sweep_rounds, bar=bar))
+                records += _records(points, seed_list, **base, part=part, method="MFPO", n_agents=agents, local_steps=k)
+        table = self._table(records, config, missing)
         notes += [
             "Fed-DQN and Fed-SAC are issue 7's federated SB3 baselines (FedAvgSB3, parameter averaging of SB3 DQN/SAC); "
             "SB3 has DQN for discrete actions only and SAC for continuous ones, so each environment runs the one that applies.",
-            "Returns are undiscounted evaluation returns of the server policy (5 episodes per agent, averaged over the "
-            "10 heterogeneous agents' tasks); steps are environment steps per agent, counted until each episode ends.",
+            f"Returns are undiscounted evaluation returns of the server policy ({cfg.eval_trajectories} episodes per agent, averaged over the "
+            f"{n} heterogeneous agents' tasks); steps are environment steps per agent, counted until each episode ends.",
             "FedAvg-PG uses MFPO's estimator (GPOMDP with a leave-one-out baseline), batch and step-size schedule: the "
             "only differences are MFPO's momentum, importance weights and server step.",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
-        settings = {**{k: v for k, v in opts.items()}, "methods": cfg.describe(), "n_agents": 10, "gamma": GAMMA,
+        settings = {"sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": GAMMA,
                     "seeds": seeds, "wall_time_per_method_s": wall}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
-    def _table(self, records: list[dict[str, Any]], env: str, quick: bool) -> list[TableRow]:
+    def _table(self, records: list[dict[str, Any]], config: MFPOConfig, missing: dict[str, str]) -> list[TableRow]:
+        env = config.env
         paper = PAPER_TABLE_I[env]
         rows = []
         ran_comparison = any(r.get("part") == "comparison" for r in records)
         for method in ("Fed-DQN", "FedPG-BR", "Fed-SAC", "MFPO", "FedAvg-PG") if ran_comparison else ():
             p = paper.get(method)
             paper_txt = f"{p[0]:.1f} ± {p[1]:.1f}" if p else None
-            missing = getattr(self, "_missing", {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"})
             if method in missing:
                 rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, missing[method], None, "federated SB3 baseline (issue 7)"))
                 continue
@@ -585,8 +619,9 @@ class MFPOComparison(Experiment):
             reached = _first_reaching(records, 475.0, part="comparison", method="MFPO")
             rows.append(TableRow("MFPO: env steps per agent to a seed-mean return ≥ 475 (target ≤ 1e6)", "≤ 1e6 (target)",
                                  reached if reached is not None else "not reached", None,
-                                 "quick run: not meaningful" if quick else "first evaluation at or above 475"))
-        for part, key, values in (("agents_sweep", "n_agents", self.agent_counts), ("local_steps_sweep", "local_steps", self.local_step_counts)):
+                                 # budget 0 is the quick run's: a few rounds, far from any target
+                                 "quick run: not meaningful" if config.budget == 0 else "first evaluation at or above 475"))
+        for part, key, values in (("agents_sweep", "n_agents", config.agent_counts), ("local_steps_sweep", "local_steps", config.local_step_counts)):
             # Rounds overshoot the budget by up to a round (K·D trajectories): compare every setting
             # at the step count all of them reached.
             ends = []
@@ -612,7 +647,9 @@ class MFPOComparison(Experiment):
         comp = [r for r in output.records if r["part"] == "comparison"]
         env = output.settings.get("env", "cartpole")
         if comp:
-            paths.append(_curves_figure(comp, "method", str, f"heterogeneous {env}: 10 agents, K = 10, D = 20 (mean ± std over seeds)",
+            methods = output.settings.get("methods", {})
+            shape = f"{output.settings.get('n_agents', 10)} agents, K = {methods.get('local_steps', 10)}, D = {methods.get('n_trajectories', 20)}"
+            paths.append(_curves_figure(comp, "method", str, f"heterogeneous {env}: {shape} (mean ± std over seeds)",
                                         out_dir / f"mfpo_{env}_comparison.png"))
         for part, key, title, name in (("agents_sweep", "n_agents", "number of agents N (fig. 5)", "agents"),
                                         ("local_steps_sweep", "local_steps", "local steps K (fig. 6)", "local_steps")):
@@ -627,7 +664,43 @@ class MFPOComparison(Experiment):
 # ------------------------------------------------------------------------------------------------
 # fedrl reproduce byzantine
 # ------------------------------------------------------------------------------------------------
-class ByzantineExperiment(Experiment):
+def _byzantine_methods() -> MethodConfig:
+    # FedPG-BR's experimental protocol: an Adam server for both methods, and as the unprotected
+    # baseline the server averaging one GPOMDP gradient per agent and round (FedAvg-PG with
+    # K = 1, D = 16, the mean of FedPG-BR's B_t).
+    return MethodConfig(local_steps=1, n_trajectories=16, server_optimizer="adam")
+
+
+@dataclass(frozen=True)
+class ByzantineConfig:
+    """``byzantine``: FedPG-BR and FedAvg-PG without and with Byzantine agents (FedPG-BR's protocol)."""
+
+    env: str = "cartpole"
+    """the family: ``"cartpole"`` or ``"pendulum"`` (:data:`ENVS`)"""
+    budget: float = 1e6
+    """environment steps per agent of each run (0: ``rounds`` rounds, evaluated every round)"""
+    rounds: int = 10**6
+    """most communication rounds of a run"""
+    n_agents: int = 10
+    """agents of the federation (agent i runs the family's task i mod 10)"""
+    attacks: tuple[str, ...] = ("none", "random_noise", "sign_flip")
+    """the attacks, one run each (``"none"``: no Byzantine agent)"""
+    byzantine_agents: tuple[int, ...] = (0, 1, 2)
+    """the agents that attack"""
+    methods: MethodConfig = field(default_factory=_byzantine_methods)
+    """the two methods' hyperparameters (Adam servers, FedAvg-PG with K = 1, D = 16)"""
+
+    def __post_init__(self) -> None:
+        _check_env(self.env)
+        if any(not 0 <= i < self.n_agents for i in self.byzantine_agents):
+            raise ValueError(f"byzantine_agents must be agents 0..{self.n_agents - 1}, got {self.byzantine_agents!r}")
+
+    def quick(self) -> Self:
+        """This config as a seconds-long smoke version: 2 rounds of 4 trajectories; ``env`` is kept."""
+        return replace(self, methods=_quick_methods(local_steps=1, server_optimizer="adam"), budget=0.0, rounds=2)
+
+
+class ByzantineExperiment(Experiment[ByzantineConfig]):
     """FedPG-BR and FedAvg-PG with 0 and 3 of 10 Byzantine agents (random noise, sign flipping).
 
     Both run with an Adam server (FedPG-BR's experimental optimizer); FedAvg-PG with K = 1 local
@@ -638,58 +711,34 @@ class ByzantineExperiment(Experiment):
     include_in_all = False
     description = "FedPG-BR vs FedAvg-PG with 0 or 3 of 10 Byzantine agents (random noise, sign flipping) on CartPole"
     paper_reference = "FedPG-BR (Fan et al., NeurIPS 2021), the fault-tolerant baseline of the MFPO paper"
-    attacks = ("none", "random_noise", "sign_flip")
-    byzantine_agents = (0, 1, 2)
+    config_class = ByzantineConfig
 
-    def __init__(self) -> None:
-        self.options: dict[str, Any] = {"env": "cartpole", "budget": 1e6}
-
-    def configure(self, **options: Any) -> ByzantineExperiment:
-        """Set options (``env``, ``budget``); returns ``self``."""
-        unknown = set(options) - set(self.options)
-        if unknown:
-            raise ValueError(f"unknown option(s) {sorted(unknown)}; the options are {sorted(self.options)}")
-        if "env" in options and options["env"] not in ENVS:
-            raise ValueError(f"env must be one of {sorted(ENVS)}, got {options['env']!r}")
-        self.options.update(options)
-        return self
-
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        opts = dict(self.options)
-        # FedPG-BR's experimental protocol: an Adam server for both methods, and as the unprotected
-        # baseline the server averaging one GPOMDP gradient per agent and round (FedAvg-PG with
-        # K = 1, D = 16, the mean of FedPG-BR's B_t).
-        if quick:
-            cfg = MethodConfig(local_steps=1, n_trajectories=4, batch_range=(4, 5), inner_batch_size=2, eval_trajectories=2, eval_every=1,
-                               server_optimizer="adam")
-            opts.update(budget=0.0, rounds=2)
-        else:
-            cfg = MethodConfig(local_steps=1, n_trajectories=16, server_optimizer="adam")
-            opts.update(rounds=10**6)
-        env, seed_list = opts["env"], list(range(seeds))
+    def run(self, config: ByzantineConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        cfg, env, seed_list = config.methods, config.env, list(range(seeds))
+        n = config.n_agents
         records: list[dict[str, Any]] = []
         filter_stats: dict[str, dict[str, float]] = {}
         wall: dict[str, float] = {}
         for method in ("FedPG-BR", "FedAvg-PG"):
-            for attack in self.attacks:
-                byz = () if attack == "none" else self.byzantine_agents
-                pop = Population(env, seed_list, 10, cfg, device)
+            for attack in config.attacks:
+                byz = () if attack == "none" else config.byzantine_agents
+                pop = Population(env, seed_list, n, cfg, device)
                 attacked = None if attack == "none" else attack
                 if method == "FedPG-BR":
                     points, filter_stats[attack] = _timed(progress, f"{method} / {attack}", wall, lambda bar, pop=pop, a=attacked, b=byz: train_fedpg_br(
-                        pop, opts["budget"], a, b, max_rounds=opts["rounds"], bar=bar))
+                        pop, config.budget, a, b, max_rounds=config.rounds, bar=bar))
                 else:
                     points = _timed(progress, f"{method} / {attack}", wall, lambda bar, pop=pop, a=attacked, b=byz: train_fedavg(
-                        pop, opts["budget"], a, b, max_rounds=opts["rounds"], bar=bar))
+                        pop, config.budget, a, b, max_rounds=config.rounds, bar=bar))
                 records += _records(points, seed_list, experiment=self.name, part="byzantine", env=env, method=method, attack=attack,
-                                    n_byzantine=len(byz), n_agents=10)
+                                    n_byzantine=len(byz), n_agents=n)
         table = []
         for method in ("FedPG-BR", "FedAvg-PG"):
             clean, _ = _mean_std(_final(records, method=method, attack="none"))
-            for attack in self.attacks:
+            for attack in config.attacks:
                 mean, std = _mean_std(_final(records, method=method, attack=attack))
                 ratio = mean / clean if (clean not in (None, 0.0) and mean is not None) else None
-                note = "no Byzantine agent" if attack == "none" else f"3 of 10 Byzantine; final / attack-free = {ratio:.2f}" if ratio is not None else ""
+                note = "no Byzantine agent" if attack == "none" else f"{len(config.byzantine_agents)} of {n} Byzantine; final / attack-free = {ratio:.2f}" if ratio is not None else ""
                 if method == "FedPG-BR" and attack != "none" and attack in filter_stats:
                     s = filter_stats[attack]
                     note += f"; filter kept {100 * s['byzantine_kept_fraction']:.0f}% of Byzantine and {100 * s['honest_kept_fraction']:.0f}% of honest reports"
@@ -698,15 +747,15 @@ class ByzantineExperiment(Experiment):
                     target = "≥ 90% of attack-free" if method == "FedPG-BR" else "degrades"
                 table.append(TableRow(f"{method}, attack = {attack}", target, mean, std, note))
         notes = [
-            "Returns are undiscounted evaluation returns of the server policy, averaged over the 10 heterogeneous agents' tasks.",
-            "Byzantine agents are agents 0, 1, 2. Random noise: g + U(-1, 1)·3·(max g - min g) per coordinate; "
+            f"Returns are undiscounted evaluation returns of the server policy, averaged over the {n} heterogeneous agents' tasks.",
+            f"Byzantine agents are agents {', '.join(map(str, config.byzantine_agents))}. Random noise: g + U(-1, 1)·3·(max g - min g) per coordinate; "
             "sign flipping: -2.5·g.",
             f"Both methods step the server with Adam (step size {cfg.fedpg_br_lr:g} for FedPG-BR, {cfg.server_lr:g} for "
             "FedAvg-PG), as FedPG-BR's experiments do; FedAvg-PG is the unprotected baseline of those experiments: every "
             f"round the server averages one GPOMDP gradient from {cfg.n_trajectories} trajectories per agent (K = {cfg.local_steps}).",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
-        settings = {**opts, "methods": cfg.describe(), "byzantine_agents": list(self.byzantine_agents), "gamma": GAMMA,
+        settings = {"methods": cfg.describe(), "byzantine_agents": list(config.byzantine_agents), "gamma": GAMMA,
                     "filter": {"sigma": "auto", "delta": 0.6, "max_byzantine_fraction": 0.4}, "wall_time_per_run_s": wall}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
@@ -731,6 +780,3 @@ class ByzantineExperiment(Experiment):
         plt.close(fig)
         return [path]
 
-
-register(MFPOComparison())
-register(ByzantineExperiment())

@@ -20,6 +20,10 @@ is Σ_{h≤20} 0.9^h ≈ 8.91); meta-training of every seed starts from the same
 from a fresh initialization per seed drawn the same way (:meth:`MlpPolicy.initial_parameters` with
 seed ``FRESH_INIT_OFFSET + seed``). "Success" is the fraction of evaluation episodes whose visited
 positions s_0..s_H enter the goal region (``family.in_goal``) at some step.
+
+Each experiment's settings are a frozen config (:class:`CurvatureConfig`, :class:`FewShotConfig`,
+:class:`RolloutsConfig`, over the meta-training fields of :class:`MetaTrainingConfig`); its
+``quick()`` is the seconds-long smoke version.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -39,10 +43,14 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
 from fedrl_algos.policies.mlp_kernels import mlp_rollout
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, register
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, FederatedTrainingConfig, TableRow
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
 
 __all__ = [
+    "MetaTrainingConfig",
+    "CurvatureConfig",
+    "FewShotConfig",
+    "RolloutsConfig",
     "CurvatureExperiment",
     "FewShotExperiment",
     "RolloutsExperiment",
@@ -72,7 +80,7 @@ _HELDOUT_STREAM = 1 << 45
 
 
 def fast_rollout(family, params, policy, theta: torch.Tensor, streams: RandomStreams, n: int) -> Trajectories:
-    """:func:`~fedrl_algos.core.rollout.rollout`, through the fused MLP kernel where it applies (same result)."""
+    """:func:`~fedrl_algos.core.sampling.rollout`, through the fused MLP kernel where it applies (same result)."""
     if is_softmax_mlp(policy):
         return mlp_rollout(family, params, policy, theta, streams, n)
     return rollout(family, params, policy, theta, streams, n)
@@ -80,7 +88,7 @@ def fast_rollout(family, params, policy, theta: torch.Tensor, streams: RandomStr
 
 @dataclasses.dataclass
 class FastSampler:
-    """A :class:`~fedrl_algos.core.rollout.Sampler` that rolls out through :func:`fast_rollout`."""
+    """A sampler (:class:`~fedrl_algos.core.sampling.Sampler` interface) that rolls out through :func:`fast_rollout`."""
 
     family: Any
     params: Any
@@ -156,6 +164,21 @@ def cpu_threads(device: str | torch.device, n: int | None = CPU_THREADS) -> Iter
     finally:
         if change:
             torch.set_num_threads(before)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaTrainingConfig(FederatedTrainingConfig):
+    """Per-FedAvg-PG meta-training on the 6 training goals (appendix C.5–C.6 by default: τ = 5,
+    m_in = m_out = 10 as in the tabular column); the base of the neural experiments' configs."""
+
+    rounds: int = 150
+    """K, communication rounds (the neural column of Table 2)"""
+    beta: float = 0.2
+    """β, local (outer) step size (the neural column of Table 2)"""
+    alpha: float = 1.0
+    """α, step size of the adaptation step (training and evaluation)"""
+    cpu_threads: int = CPU_THREADS
+    """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -290,32 +313,44 @@ PAPER_FIRST_ORDER = 1.73
 TRAINED_THRESHOLD = 1.2
 
 
-class CurvatureExperiment(Experiment):
+@dataclasses.dataclass(frozen=True)
+class CurvatureConfig(MetaTrainingConfig):
+    """``curvature``: the exact variant for every Hessian batch m_h, and the first-order reference."""
+
+    m_hs: tuple[int, ...] = (10, 50, 100, 200, 500, 1000)
+    """the Hessian batches m_h of the exact variant, one setting each"""
+    adapt_trajectories: int = 256
+    """trajectories per agent of the evaluation's adaptation step"""
+    eval_trajectories: int = 512
+    """evaluation rollouts per agent, before and after adaptation"""
+    eval_every: int = 25
+    """rounds between evaluations (round 0 and the last round always)"""
+
+    def quick(self) -> Self:
+        """This config as a seconds-long smoke version: m_h ∈ {10, 100}, 3 rounds of 2 local steps, 32 rollouts."""
+        return dataclasses.replace(self, m_hs=(10, 100), rounds=3, tau=2, adapt_trajectories=32, eval_trajectories=32,
+                                   eval_every=3)
+
+
+class CurvatureExperiment(Experiment[CurvatureConfig]):
     name = "curvature"
     description = "exact variant vs Hessian batch m_h on arc navigation (curvature bottleneck)"
     paper_reference = "figure 2 (left), section 7 and appendix C.5"
+    config_class = CurvatureConfig
 
-    def config(self, quick: bool) -> dict[str, Any]:
-        if quick:
-            return dict(m_hs=[10, 100], rounds=3, tau=2, alpha=1.0, beta=0.2, m_in=10, m_out=10,
-                        adapt_trajectories=32, eval_trajectories=32, eval_every=3)
-        return dict(m_hs=[10, 50, 100, 200, 500, 1000], rounds=150, tau=5, alpha=1.0, beta=0.2, m_in=10, m_out=10,
-                    adapt_trajectories=256, eval_trajectories=512, eval_every=25)
+    def run(self, config: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        with cpu_threads(device, config.cpu_threads):
+            return self._run(config, seeds, device, progress)
 
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        with cpu_threads(device):
-            return self._run(seeds, quick, device, progress)
-
-    def _run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        cfg = self.config(quick)
+    def _run(self, cfg: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         n_seeds = int(seeds)
         policy = arc_policy(device)
-        settings = [*cfg["m_hs"], None]
-        sweep = MetaSweep(policy, range(n_seeds), settings, cfg["alpha"], cfg["beta"], cfg["tau"], cfg["m_in"], cfg["m_out"])
+        settings = [*cfg.m_hs, None]
+        sweep = MetaSweep(policy, range(n_seeds), settings, cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out)
         records: list[dict[str, Any]] = []
 
         def log(round_: int) -> dict[str, torch.Tensor]:
-            ev = sweep.evaluate(cfg["adapt_trajectories"], cfg["eval_trajectories"])
+            ev = sweep.evaluate(cfg.adapt_trajectories, cfg.eval_trajectories)
             for s, m_h in enumerate(settings):
                 for r in range(n_seeds):
                     records.append({
@@ -324,7 +359,7 @@ class CurvatureExperiment(Experiment):
                         "seed": r,
                         "m_h": m_h,
                         "round": round_,
-                        "trajectories": round_ * cfg["tau"] * sweep.trajectories_per_step(s),
+                        "trajectories": round_ * cfg.tau * sweep.trajectories_per_step(s),
                         "return": float(ev["return_post"][s, r].mean()),
                         "success": float(ev["success_post"][s, r].mean()),
                         "return_pre": float(ev["return_pre"][s, r].mean()),
@@ -332,17 +367,17 @@ class CurvatureExperiment(Experiment):
                     })
             return ev
 
-        bar = _progress(cfg["rounds"], progress, "curvature")
+        bar = _progress(cfg.rounds, progress, "curvature")
         log(0)
-        for k in range(1, cfg["rounds"] + 1):
+        for k in range(1, cfg.rounds + 1):
             sweep.round()
             if bar is not None:
                 bar.update(1)
-            if k % cfg["eval_every"] == 0 or k == cfg["rounds"]:
+            if k % cfg.eval_every == 0 or k == cfg.rounds:
                 log(k)
         if bar is not None:
             bar.close()
-        final = [r for r in records if r["round"] == cfg["rounds"]]
+        final = [r for r in records if r["round"] == cfg.rounds]
         table = []
         for m_h in settings:
             vals = [r["return"] for r in final if r["m_h"] == m_h]
@@ -354,14 +389,13 @@ class CurvatureExperiment(Experiment):
                                   + ", ".join(f"{v:.2f}" for v in sorted(vals))))
         notes = [
             "Median over seeds of the post-adaptation return (one PG step of α=1 from "
-            f"{cfg['adapt_trajectories']} trajectories, {cfg['eval_trajectories']} rollouts per goal), averaged over the "
+            f"{cfg.adapt_trajectories} trajectories, {cfg.eval_trajectories} rollouts per goal), averaged over the "
             "6 training goals; discounted with γ=0.9 (max ≈ 8.91). Every seed starts from the shared initialization.",
             "The paper reports at m_h=1000 six seeds ≥ 1.5 (three matching 1.73) and four ≤ 0.95; the table counts the "
             f"seeds at or above {TRAINED_THRESHOLD} and lists every seed's value (sorted).",
             "Settings are batched; the exact variant's Hessian batch is rolled out per m_h setting (counts differ).",
         ]
-        settings_out = {**cfg, "seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6,
-                        "cpu_threads": CPU_THREADS}
+        settings_out = {"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6}
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
@@ -473,30 +507,39 @@ PAPER_FEWSHOT_POINTS = {
 }
 
 
-class FewShotExperiment(Experiment):
+@dataclasses.dataclass(frozen=True)
+class FewShotConfig(MetaTrainingConfig):
+    """``fewshot``: first-order meta-training, then one PG step on each held-out goal, against from-scratch PG."""
+
+    m_adapt: tuple[int, ...] = (0, 20, 50, 100, 200, 500)
+    """trajectories of the meta-initialization's adaptation step, one setting each (0: zero-shot)"""
+    scratch_steps: tuple[int, ...] = (1, 5, 25, 100, 200)
+    """from-scratch PG steps at which the run is evaluated (budget: steps × scratch_batch)"""
+    scratch_batch: int = 20
+    """trajectories per from-scratch PG step"""
+    scratch_beta: float = 0.2
+    """step size of the from-scratch PG steps"""
+    eval_trajectories: int = 1000
+    """evaluation rollouts per (seed, held-out goal)"""
+
+    def quick(self) -> Self:
+        """This config as a seconds-long smoke version: 4 rounds of 2 local steps, m_adapt ∈ {0, 20, 50}, 1 and 5 steps."""
+        return dataclasses.replace(self, rounds=4, tau=2, m_adapt=(0, 20, 50), scratch_steps=(1, 5), eval_trajectories=64)
+
+
+class FewShotExperiment(Experiment[FewShotConfig]):
     name = "fewshot"
     description = "few-shot personalization of a first-order meta-initialization to held-out arc goals"
     paper_reference = "figure 2 (right), figure 7, section 7 and appendix C.6"
+    config_class = FewShotConfig
 
-    def config(self, quick: bool) -> dict[str, Any]:
-        if quick:
-            return dict(rounds=4, tau=2, alpha=1.0, beta=0.2, m_in=10, m_out=10, m_adapt=[0, 20, 50],
-                        scratch_steps=[1, 5], scratch_batch=20, scratch_beta=0.2, eval_trajectories=64)
-        return dict(rounds=150, tau=5, alpha=1.0, beta=0.2, m_in=10, m_out=10, m_adapt=[0, 20, 50, 100, 200, 500],
-                    scratch_steps=[1, 5, 25, 100, 200], scratch_batch=20, scratch_beta=0.2, eval_trajectories=1000)
-
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        with cpu_threads(device):
-            return self._run(seeds, quick, device, progress)
-
-    def _run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        cfg = self.config(quick)
-        n_seeds = int(seeds)
-        result = few_shot(cfg, n_seeds, device, progress)
+    def run(self, config: FewShotConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        with cpu_threads(device, config.cpu_threads):
+            n_seeds = int(seeds)
+            result = few_shot(config, n_seeds, device, progress)
         return ExperimentOutput(
-            records=result["records"], table=self._table(result["records"], cfg), notes=result["notes"],
-            settings={**cfg, "seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "heldout_goals": 3,
-                      "cpu_threads": CPU_THREADS},
+            records=result["records"], table=self._table(result["records"], config), notes=result["notes"],
+            settings={"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "heldout_goals": 3},
         )
 
     @staticmethod
@@ -507,7 +550,7 @@ class FewShotExperiment(Experiment):
                 per_seed.setdefault(r["seed"], []).append(r[metric])
         return _mean_std([sum(v) / len(v) for v in per_seed.values()])
 
-    def _table(self, records, cfg) -> list[TableRow]:
+    def _table(self, records, cfg: FewShotConfig) -> list[TableRow]:
         s = self._summary
         paper = PAPER_FEWSHOT
         rows = []
@@ -517,22 +560,22 @@ class FewShotExperiment(Experiment):
 
         add("return, meta-init zero-shot", paper["zero_shot_return"], s(records, "meta_init", "m_adapt", 0, "return"))
         add("return, random policy (fresh init)", paper["random_return"], s(records, "random", "budget", 0, "return"))
-        for m in cfg["m_adapt"][1:]:
+        for m in cfg.m_adapt[1:]:
             p = paper["return_200"] if m == 200 else paper["meta_100_return"] if m == 100 else (
                 "≤ zero-shot" if m == 20 else None)
             add(f"return, meta-init + 1 step of {m} traj.", p, s(records, "meta_init", "m_adapt", m, "return"))
-        for g in cfg["scratch_steps"]:
-            b = g * cfg["scratch_batch"]
+        for g in cfg.scratch_steps:
+            b = g * cfg.scratch_batch
             p = paper["scratch_100_return"] if b == 100 else ("≈ zero-shot (1.53)" if b == 2000 else None)
             add(f"return, from scratch, budget {b}", p, s(records, "from_scratch", "budget", b, "return"))
         add("success, meta-init zero-shot", paper["zero_shot_success"], s(records, "meta_init", "m_adapt", 0, "success"))
-        best = max((s(records, "meta_init", "m_adapt", m, "success") for m in cfg["m_adapt"]), key=lambda t: t[0])
+        best = max((s(records, "meta_init", "m_adapt", m, "success") for m in cfg.m_adapt), key=lambda t: t[0])
         add("success, meta-init best one-step (max over m_adapt)", paper["best_success"], best)
-        for m in cfg["m_adapt"][1:]:
+        for m in cfg.m_adapt[1:]:
             p = paper["meta_100_success"] if m == 100 else None
             add(f"success, meta-init + 1 step of {m} traj.", p, s(records, "meta_init", "m_adapt", m, "success"))
-        for g in cfg["scratch_steps"]:
-            b = g * cfg["scratch_batch"]
+        for g in cfg.scratch_steps:
+            b = g * cfg.scratch_batch
             p = paper["scratch_100_success"] if b == 100 else (
                 paper["specialist_success"] if b == 4000 else ("15–37% (budgets ≤ 500)" if b <= 500 else None))
             add(f"success, from scratch, budget {b}", p, s(records, "from_scratch", "budget", b, "success"))
@@ -580,11 +623,11 @@ class FewShotExperiment(Experiment):
         return paths
 
 
-def meta_train_first_order(policy, seeds: torch.Tensor, cfg: dict[str, Any], progress: bool, desc: str) -> torch.Tensor:
+def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str) -> torch.Tensor:
     """First-order Per-FedAvg-PG on the 6 training goals for every seed at once: ``[R, d]``."""
-    sweep = MetaSweep(policy, seeds.tolist(), [None], cfg["alpha"], cfg["beta"], cfg["tau"], cfg["m_in"], cfg["m_out"])
-    bar = _progress(cfg["rounds"], progress, desc)
-    for _ in range(cfg["rounds"]):
+    sweep = MetaSweep(policy, seeds.tolist(), [None], cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out)
+    bar = _progress(cfg.rounds, progress, desc)
+    for _ in range(cfg.rounds):
         sweep.round()
         if bar is not None:
             bar.update(1)
@@ -593,7 +636,7 @@ def meta_train_first_order(policy, seeds: torch.Tensor, cfg: dict[str, Any], pro
     return sweep.thetas()[0]
 
 
-def few_shot(cfg: dict[str, Any], n_seeds: int, device: str, progress: bool) -> dict[str, Any]:
+def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> dict[str, Any]:
     """Meta-train, adapt, train from scratch and evaluate on the held-out goals (all batched)."""
     family = ARC_NAVIGATION
     policy = arc_policy(device)
@@ -602,16 +645,16 @@ def few_shot(cfg: dict[str, Any], n_seeds: int, device: str, progress: bool) -> 
     n_goals = len(heldout)
     theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training")  # [R, d]
     # --- meta-init adaptation: rows [len(m_adapt), R, goals] -----------------------------------
-    m_adapt = list(cfg["m_adapt"])
+    m_adapt = list(cfg.m_adapt)
     n_m = len(m_adapt)
     keys = derive_keys(seeds.reshape(1, -1, 1), torch.arange(n_goals).reshape(1, 1, -1)
                        + _HELDOUT_STREAM + 16 * torch.arange(n_m).reshape(-1, 1, 1))
     params_m = params_to(_row_params(heldout, n_m * n_seeds), policy.theta.device)
     theta_m = theta_meta.reshape(1, n_seeds, 1, -1).expand(n_m, n_seeds, n_goals, -1).contiguous()
     theta_m = adapt_one_step(policy, family, params_m, theta_m, RandomStreams(keys, policy.theta.device), m_adapt,
-                             cfg["alpha"])
+                             cfg.alpha)
     # --- from scratch: rows [R, goals] from a fresh init per seed, snapshots at every budget ------
-    steps = list(cfg["scratch_steps"])
+    steps = list(cfg.scratch_steps)
     init = fresh_initializations(policy, seeds)  # [R, d]
     theta_s = init.reshape(n_seeds, 1, -1).expand(n_seeds, n_goals, -1).contiguous()
     params_s = params_to(_row_params(heldout, n_seeds), policy.theta.device)
@@ -620,8 +663,8 @@ def few_shot(cfg: dict[str, Any], n_seeds: int, device: str, progress: bool) -> 
     snapshots = []
     bar = _progress(max(steps), progress, "fewshot: from scratch")
     for g in range(1, max(steps) + 1):
-        traj = fast_rollout(family, params_s, policy, theta_s, streams_s, cfg["scratch_batch"])
-        theta_s = theta_s + cfg["scratch_beta"] * policy_gradient(policy, theta_s, traj, GAMMA)
+        traj = fast_rollout(family, params_s, policy, theta_s, streams_s, cfg.scratch_batch)
+        theta_s = theta_s + cfg.scratch_beta * policy_gradient(policy, theta_s, traj, GAMMA)
         if g in steps:
             snapshots.append(theta_s)
         if bar is not None:
@@ -641,7 +684,7 @@ def few_shot(cfg: dict[str, Any], n_seeds: int, device: str, progress: bool) -> 
                             + _HELDOUT_STREAM + 4096 + 16 * torch.arange(n_rows).reshape(-1, 1, 1))
     params_e = params_to(_row_params(heldout, n_rows * n_seeds), policy.theta.device)
     ret, succ = evaluate_rows(family, params_e, policy, all_theta, RandomStreams(eval_keys, policy.theta.device),
-                              cfg["eval_trajectories"])
+                              cfg.eval_trajectories)
     records: list[dict[str, Any]] = []
 
     def add(method: str, row: int, **setting: Any) -> None:
@@ -653,18 +696,18 @@ def few_shot(cfg: dict[str, Any], n_seeds: int, device: str, progress: bool) -> 
     for i, m in enumerate(m_adapt):
         add("meta_init", i, m_adapt=m, budget=m)
     for i, g in enumerate(steps):
-        add("from_scratch", n_m + i, budget=g * cfg["scratch_batch"], steps=g)
+        add("from_scratch", n_m + i, budget=g * cfg.scratch_batch, steps=g)
     add("random", n_m + len(steps), budget=0)
     uni_ret, uni_succ = float(ret[-1].mean()), float(succ[-1].mean())
     notes = [
-        f"Returns are discounted (γ=0.9, max ≈ 8.91), averaged over {cfg['eval_trajectories']} rollouts per "
+        f"Returns are discounted (γ=0.9, max ≈ 8.91), averaged over {cfg.eval_trajectories} rollouts per "
         "(seed, held-out goal), then over the 3 held-out goals; ± is the std over seeds.",
         "Random policy = a freshly initialized network per seed (first-layer weights N(0, 0.5²), last-layer "
         f"N(0, 0.1²), biases 0), nearly uniform over the 8 moves. The exactly uniform policy (θ = 0) gives return "
         f"{uni_ret:.3f} and success {uni_succ:.3f}; both are consistent with the paper's 0.27.",
         "From-scratch agents start from the same fresh initialization as the random policy; each budget is a "
-        "snapshot of one run of 200 PG steps (batch 20, β=0.2), so budgets are nested.",
-        "Meta-init adaptation: one PG step (α=1) per held-out goal; each m_adapt setting is an independent batch.",
+        f"snapshot of one run of {max(steps)} PG steps (batch {cfg.scratch_batch}, β={cfg.scratch_beta:g}), so budgets are nested.",
+        f"Meta-init adaptation: one PG step (α={cfg.alpha:g}) per held-out goal; each m_adapt setting is an independent batch.",
     ]
     return {"records": records, "notes": notes, "theta_meta": theta_meta, "policy": policy}
 
@@ -674,24 +717,33 @@ def few_shot(cfg: dict[str, Any], n_seeds: int, device: str, progress: bool) -> 
 # ------------------------------------------------------------------------------------------------
 
 
-class RolloutsExperiment(Experiment):
+@dataclasses.dataclass(frozen=True)
+class RolloutsConfig(MetaTrainingConfig):
+    """``rollouts``: held-out rollouts of the first-order meta-initialization before and after one PG step."""
+
+    m_adapt: int = 200
+    """trajectories of the adaptation step"""
+    n_drawn: int = 12
+    """rollouts drawn per held-out goal (seed 0)"""
+    eval_trajectories: int = 1000
+    """evaluation rollouts per (seed, held-out goal) of the table"""
+
+    def quick(self) -> Self:
+        """This config as a seconds-long smoke version: 4 rounds of 2 local steps, a 50-trajectory step, 6 drawn."""
+        return dataclasses.replace(self, rounds=4, tau=2, m_adapt=50, n_drawn=6, eval_trajectories=64)
+
+
+class RolloutsExperiment(Experiment[RolloutsConfig]):
     name = "rollouts"
     description = "held-out rollouts before and after one adaptation step, drawn on the arc"
     paper_reference = "figure 8, appendix C.6"
+    config_class = RolloutsConfig
 
-    def config(self, quick: bool) -> dict[str, Any]:
-        if quick:
-            return dict(rounds=4, tau=2, alpha=1.0, beta=0.2, m_in=10, m_out=10, m_adapt=50, n_drawn=6,
-                        eval_trajectories=64)
-        return dict(rounds=150, tau=5, alpha=1.0, beta=0.2, m_in=10, m_out=10, m_adapt=200, n_drawn=12,
-                    eval_trajectories=1000)
+    def run(self, config: RolloutsConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        with cpu_threads(device, config.cpu_threads):
+            return self._run(config, seeds, device, progress)
 
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        with cpu_threads(device):
-            return self._run(seeds, quick, device, progress)
-
-    def _run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        cfg = self.config(quick)
+    def _run(self, cfg: RolloutsConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         n_seeds = int(seeds)
         family = ARC_NAVIGATION
         policy = arc_policy(device)
@@ -700,21 +752,21 @@ class RolloutsExperiment(Experiment):
         theta_meta = meta_train_first_order(policy, seed_t, cfg, progress, "rollouts: meta-training")
         heldout = family.heldout_tasks
         n_goals = len(heldout)
-        counts = [0, cfg["m_adapt"]]
+        counts = [0, cfg.m_adapt]
         keys = derive_keys(seed_t.reshape(1, -1, 1), torch.arange(n_goals).reshape(1, 1, -1)
                            + _HELDOUT_STREAM + 16 * torch.arange(2).reshape(-1, 1, 1))
         params = params_to(_row_params(heldout, 2 * n_seeds), dev)
         theta = theta_meta.reshape(1, n_seeds, 1, -1).expand(2, n_seeds, n_goals, -1).contiguous()
-        theta = adapt_one_step(policy, family, params, theta, RandomStreams(keys, dev), counts, cfg["alpha"])
+        theta = adapt_one_step(policy, family, params, theta, RandomStreams(keys, dev), counts, cfg.alpha)
         # drawn rollouts: the same start states and random numbers before and after adaptation
         draw_keys = derive_keys(seed_t.reshape(1, -1, 1), torch.arange(n_goals).reshape(1, 1, -1)
                                 + _HELDOUT_STREAM + 8192 + 0 * torch.arange(2).reshape(-1, 1, 1))
-        drawn = fast_rollout(family, params, policy, theta, RandomStreams(draw_keys, dev), cfg["n_drawn"])
+        drawn = fast_rollout(family, params, policy, theta, RandomStreams(draw_keys, dev), cfg.n_drawn)
         goals = params.goal.reshape(2, n_seeds, n_goals, 2)
         drawn_success = episode_success(family, dataclasses.replace(params, goal=goals), drawn)
         eval_keys = derive_keys(seed_t.reshape(1, -1, 1), torch.arange(n_goals).reshape(1, 1, -1)
                                 + _HELDOUT_STREAM + 4096 + 16 * torch.arange(2).reshape(-1, 1, 1))
-        ret, succ = evaluate_rows(family, params, policy, theta, RandomStreams(eval_keys, dev), cfg["eval_trajectories"])
+        ret, succ = evaluate_rows(family, params, policy, theta, RandomStreams(eval_keys, dev), cfg.eval_trajectories)
         records = []
         for c, m in enumerate(counts):
             for r in range(n_seeds):
@@ -725,7 +777,7 @@ class RolloutsExperiment(Experiment):
         drawn_ret = drawn.returns(GAMMA)
         for c, m in enumerate(counts):
             for j in range(n_goals):
-                for k in range(cfg["n_drawn"]):
+                for k in range(cfg.n_drawn):
                     records.append({"experiment": self.name, "method": "meta_init", "seed": 0, "goal": j, "m_adapt": m,
                                     "budget": m, "drawn": k, "return": float(drawn_ret[c, 0, j, k]),
                                     "success": float(drawn_success[c, 0, j, k]),
@@ -740,14 +792,13 @@ class RolloutsExperiment(Experiment):
                                   *_mean_std(succ[c].mean(-1).tolist())))
         drawn_rate = drawn_success[:, 0].float().mean(-1).mean(-1).tolist()
         notes = [
-            f"The figure draws {cfg['n_drawn']} rollouts per held-out goal for seed 0, before and after one PG step "
-            f"of {cfg['m_adapt']} trajectories (α=1), with the same start states and random numbers in both rows; "
+            f"The figure draws {cfg.n_drawn} rollouts per held-out goal for seed 0, before and after one PG step "
+            f"of {cfg.m_adapt} trajectories (α={cfg.alpha:g}), with the same start states and random numbers in both rows; "
             f"{drawn_rate[0]:.0%} / {drawn_rate[1]:.0%} of the drawn episodes reach the goal region.",
-            f"Table: all seeds, {cfg['eval_trajectories']} evaluation rollouts per (seed, goal).",
+            f"Table: all seeds, {cfg.eval_trajectories} evaluation rollouts per (seed, goal).",
         ]
         return ExperimentOutput(records=records, table=table, notes=notes,
-                                settings={**cfg, "seeds": n_seeds, "gamma": GAMMA, "drawn_seed": 0,
-                                          "cpu_threads": CPU_THREADS})
+                                settings={"seeds": n_seeds, "gamma": GAMMA, "drawn_seed": 0})
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         drawn = [r for r in output.records if "drawn" in r]
@@ -819,8 +870,4 @@ def draw_arc_rollouts(drawn: dict[str, Any], path: Path, titles: Sequence[str] |
     plt.close(fig)
     return path
 
-
-register(CurvatureExperiment())
-register(FewShotExperiment())
-register(RolloutsExperiment())
 

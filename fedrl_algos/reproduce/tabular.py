@@ -19,16 +19,21 @@ and f agree to float64 rounding (~1e-16: the evaluator's reductions depend on th
 
 Training runs in float32 (:data:`TRAIN_DTYPE`): it is faster than float64 on CPU and equally
 faithful (docs/reproduction.md gives the comparison); the evaluation is exact, in float64.
+
+Each experiment's settings are a frozen config (:class:`PersonalizationConfig`, :class:`AlphaConfig`:
+the training hyperparameters of :class:`TabularConfig` plus the methods, dtype, CPU threads and α);
+``config.quick()`` is the smoke version (4 rounds of 2 local steps).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -37,7 +42,7 @@ from fedrl_algos.core.directions import GradientEstimator, PolicyGradient
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, progress_bar, register
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, FederatedTrainingConfig, TableRow, progress_bar
 from fedrl_envs import GRIDWORLD, params_to, stack_params
 
 __all__ = [
@@ -46,6 +51,8 @@ __all__ = [
     "PAPER",
     "TRAIN_DTYPE",
     "TabularConfig",
+    "PersonalizationConfig",
+    "AlphaConfig",
     "TabularResult",
     "train_tabular",
     "tabular_records",
@@ -62,6 +69,10 @@ COLORS = {"exact": "tab:blue", "first_order": "tab:orange", "fedavg": "tab:green
 ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
 #: dtype of the training program (the exact evaluation is always float64)
 TRAIN_DTYPE = torch.float32
+#: intra-op threads of the tabular programs on CPU. Their tensors are small (a few thousand
+#: elements), so a second OpenMP thread costs more in synchronization than it saves, and on a shared
+#: machine a busy core stalls every parallel op (docs/reproduction.md gives the measurements).
+CPU_THREADS = 1
 
 #: numbers the paper reports (section 7)
 PAPER = {
@@ -80,26 +91,62 @@ PAPER = {
 
 
 @dataclass(frozen=True)
-class TabularConfig:
-    """Hyperparameters of the tabular experiments (the paper's Table 2 by default)."""
+class TabularConfig(FederatedTrainingConfig):
+    """Training hyperparameters of the tabular experiments (the paper's Table 2 by default); the
+    adaptation step size α is the experiment's (:class:`PersonalizationConfig`, :class:`AlphaConfig`)."""
 
-    rounds: int = 80
-    tau: int = 5
-    alpha: float = 2.0
-    beta: float = 0.3
-    m_in: int = 10
     m_h: int = 10
-    m_out: int = 10
+    """m_h, trajectories of the Hessian estimate (exact variant)"""
     gamma: float = 0.9
+    """γ, discount"""
 
-    @classmethod
-    def quick(cls) -> TabularConfig:
-        """A seconds-long smoke version: 4 rounds of 2 local steps."""
-        return cls(rounds=4, tau=2)
+    def quick(self) -> Self:
+        """This config as a seconds-long smoke version: 4 rounds of 2 local steps."""
+        return dataclasses.replace(self, rounds=4, tau=2)
 
     def trajectories_per_step(self, method: str) -> int:
         """Per-agent trajectories of one local step (section 7: exact and FedAvg-PG 30, first-order 20)."""
         return self.m_in + self.m_out if method == "first_order" else self.m_in + self.m_h + self.m_out
+
+
+@dataclass(frozen=True)
+class _TabularExperimentConfig(TabularConfig):
+    """What both tabular experiments add to the training hyperparameters."""
+
+    methods: tuple[str, ...] = METHODS
+    """the methods to train, a subset of :data:`METHODS` (tables and figures keep METHODS' order)"""
+    train_dtype: str = str(TRAIN_DTYPE).replace("torch.", "")
+    """dtype of the training program (the exact evaluation is always float64)"""
+    cpu_threads: int = CPU_THREADS
+    """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods!r}")
+        if not isinstance(getattr(torch, self.train_dtype, None), torch.dtype):
+            raise ValueError(f"train_dtype must name a torch dtype (e.g. 'float32'), got {self.train_dtype!r}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """:attr:`train_dtype` as a torch dtype."""
+        return getattr(torch, self.train_dtype)
+
+
+@dataclass(frozen=True)
+class PersonalizationConfig(_TabularExperimentConfig):
+    """``personalization``: the three methods at one adaptation step size."""
+
+    alpha: float = 2.0
+    """α, step size of the adaptation step (training and evaluation)"""
+
+
+@dataclass(frozen=True)
+class AlphaConfig(_TabularExperimentConfig):
+    """``alpha``: the three methods for every α of the sweep (FedAvg-PG trained once, evaluated at each)."""
+
+    alphas: tuple[float, ...] = ALPHAS
+    """the α values of the sweep"""
 
 
 @dataclass
@@ -136,12 +183,6 @@ def _intra_op_threads(n: int | None) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
-
-
-#: intra-op threads of the tabular programs on CPU. Their tensors are small (a few thousand
-#: elements), so a second OpenMP thread costs more in synchronization than it saves, and on a shared
-#: machine a busy core stalls every parallel op (docs/reproduction.md gives the measurements).
-CPU_THREADS = 1
 
 
 def _estimator(method: str, policy: TabularPolicy, cfg: TabularConfig, alpha: float | torch.Tensor) -> GradientEstimator:
@@ -300,14 +341,13 @@ def _value_at_budget(res: TabularResult, budget: int, alpha_index: int = 0) -> t
     return values, how
 
 
-def _setup(seeds: int, quick: bool, device: str) -> tuple[TabularConfig, list[int]]:
-    cfg = TabularConfig.quick() if quick else TabularConfig()
+def _seed_list(seeds: int) -> list[int]:
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be a positive int, got {seeds!r}")
-    return cfg, list(range(seeds))
+    return list(range(seeds))
 
 
-def _settings(cfg: TabularConfig, seeds: list[int], alphas: Sequence[float], dtype: torch.dtype) -> dict[str, Any]:
+def _settings(cfg: _TabularExperimentConfig, seeds: list[int], alphas: Sequence[float]) -> dict[str, Any]:
     return {
         "family": GRIDWORLD.env_id,
         "n_agents": len(GRIDWORLD.train_tasks),
@@ -323,16 +363,17 @@ def _settings(cfg: TabularConfig, seeds: list[int], alphas: Sequence[float], dty
         "horizon": GRIDWORLD.train_tasks[0].horizon,
         "theta0": "zeros (uniform policy)",
         "seed_list": seeds,
-        "train_dtype": str(dtype).replace("torch.", ""),
+        "train_dtype": cfg.train_dtype,
         "eval": "exact dynamic programming (float64), every round",
-        "cpu_threads": CPU_THREADS,
+        "cpu_threads": cfg.cpu_threads,
     }
 
 
-def _run_training(seeds, alphas, cfg, device, progress, desc) -> dict[str, TabularResult]:
-    threads = CPU_THREADS if torch.device(device).type == "cpu" else None
+def _run_training(seeds: list[int], alphas: Sequence[float], cfg: _TabularExperimentConfig, device: str, progress: bool,
+                  desc: str) -> dict[str, TabularResult]:
+    threads = cfg.cpu_threads if torch.device(device).type == "cpu" else None
     with _intra_op_threads(threads):
-        return train_tabular(seeds, alphas, cfg, device=device, progress=progress, desc=desc)
+        return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc)
 
 
 class PersonalizationExperiment(Experiment):
@@ -341,9 +382,10 @@ class PersonalizationExperiment(Experiment):
     name = "personalization"
     description = "tabular personalization: exact vs first-order Per-FedAvg-PG vs FedAvg-PG (fig. 1 left, fig. 6)"
     paper_reference = "Per-FedAvg-PG, section 7 'Personalization within federation', figure 1 (left) and figure 6"
+    config_class = PersonalizationConfig
 
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        cfg, seed_list = _setup(seeds, quick, device)
+    def run(self, config: PersonalizationConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        cfg, seed_list = config, _seed_list(seeds)
         results = _run_training(seed_list, [cfg.alpha], cfg, device, progress, self.name)
         records = tabular_records(self.name, results)
         paper = PAPER["personalization"]
@@ -400,7 +442,7 @@ class PersonalizationExperiment(Experiment):
             f"Trajectories per agent per round: exact and FedAvg-PG {cfg.tau * cfg.trajectories_per_step('exact')}, first-order {cfg.tau * cfg.trajectories_per_step('first_order')}.",
             "Seed s keys the random streams of run s (per agent), so a seed's result is the same alone or in a batch; methods run with the same seed share their first random numbers (common random numbers).",
         ]
-        return ExperimentOutput(records, table, _settings(cfg, seed_list, [cfg.alpha], TRAIN_DTYPE), notes)
+        return ExperimentOutput(records, table, _settings(cfg, seed_list, [cfg.alpha]), notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         plt = _pyplot()
@@ -449,30 +491,34 @@ class AlphaExperiment(Experiment):
     name = "alpha"
     description = "tabular α sweep: final F of the three methods for α ∈ {0, 1/4, 1/2, 1, 2, 3} (fig. 1 right)"
     paper_reference = "Per-FedAvg-PG, section 7 'The adaptation step size α', figure 1 (right)"
+    config_class = AlphaConfig
 
-    def run(self, seeds: int, quick: bool, device: str, progress: bool) -> ExperimentOutput:
-        cfg, seed_list = _setup(seeds, quick, device)
-        results = _run_training(seed_list, ALPHAS, cfg, device, progress, self.name)
+    def run(self, config: AlphaConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
+        cfg, seed_list = config, _seed_list(seeds)
+        alphas = cfg.alphas
+        results = _run_training(seed_list, alphas, cfg, device, progress, self.name)
         records = tabular_records(self.name, results)
         paper = PAPER["alpha"]
         table = []
-        for a, alpha in enumerate(ALPHAS):
+        for a, alpha in enumerate(alphas):
             for m in METHODS:
                 if m in results:
                     p = paper.get(alpha, {}).get(m)
                     table.append(TableRow(f"F after K={cfg.rounds}, α={alpha:g}, {LABELS[m]}", p, *_mean_std(results[m].F[-1, a])))
         if all(m in results for m in METHODS):
             final = torch.stack([results[m].F[-1].mean(-1) for m in METHODS])  # [3, n_alpha]
-            spread0 = float(final[:, 0].max() - final[:, 0].min())
-            table.append(TableRow("α = 0: largest difference between the three methods", "≤ 0.01", spread0, None, "Proposition 3: the methods coincide at α = 0"))
-            gain = [float(final[0, a] - final[2, a]) for a in range(len(ALPHAS))]
+            if 0.0 in alphas:  # Proposition 3 is a statement about α = 0 only
+                i0 = alphas.index(0.0)
+                spread0 = float(final[:, i0].max() - final[:, i0].min())
+                table.append(TableRow("α = 0: largest difference between the three methods", "≤ 0.01", spread0, None, "Proposition 3: the methods coincide at α = 0"))
+            gain = [float(final[0, a] - final[2, a]) for a in range(len(alphas))]
             table.append(
                 TableRow(
                     "exact − FedAvg-PG gap, by α",
                     "grows with α",
                     ", ".join(f"{g:+.3f}" for g in gain),
                     None,
-                    "α = " + ", ".join(f"{a:g}" for a in ALPHAS),
+                    "α = " + ", ".join(f"{a:g}" for a in alphas),
                 )
             )
         notes = [
@@ -480,7 +526,7 @@ class AlphaExperiment(Experiment):
             "At α = 0 the three directions have the same expectation ∇J_i (Proposition 3), so the methods differ only by sampling noise: the exact variant's first local step even equals the first-order one (same streams), later steps differ because it also draws the Hessian batch.",
             "Spreads are population standard deviations over seeds.",
         ]
-        return ExperimentOutput(records, table, _settings(cfg, seed_list, list(ALPHAS), TRAIN_DTYPE), notes)
+        return ExperimentOutput(records, table, _settings(cfg, seed_list, list(alphas)), notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         plt = _pyplot()
@@ -568,6 +614,3 @@ def _save(fig, path: Path) -> Path:
     plt.close(fig)
     return path
 
-
-register(PersonalizationExperiment())
-register(AlphaExperiment())

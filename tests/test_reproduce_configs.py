@@ -1,0 +1,162 @@
+"""Declarative experiments: frozen configs, their quick variants, reentrant runs, and the CLI's flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+import torch
+
+import fedrl_algos.reproduce.cli as reproduce_cli
+from fedrl_algos.cli import main
+from fedrl_algos.reproduce import EXPERIMENTS, ExperimentOutput, config_settings, run_experiment
+from fedrl_algos.reproduce.mfpo import MethodConfig
+
+#: the flags that set a config field, with a value, by the field they set
+FLAGS = {"env": ["--env", "cartpole"], "budget": ["--budget", "1e5"], "sb3_budget": ["--sb3-budget", "1e4"], "sweeps": ["--no-sweeps"]}
+
+
+def _flag_name(field: str) -> str:
+    return FLAGS[field][0]
+
+
+# --- frozen configs and their quick variants -----------------------------------------------------
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_config_is_frozen_and_quick_is_a_smaller_config_of_the_same_type(name):
+    experiment = EXPERIMENTS[name]
+    config = experiment.config_class()
+    assert dataclasses.is_dataclass(config) and experiment.config() == config
+    first = dataclasses.fields(config)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(config, first, getattr(config, first))
+    quick = config.quick()
+    assert type(quick) is type(config) and quick != config
+    assert quick.quick() == quick  # idempotent: run_experiment may apply it to an already quick config
+    assert experiment.config(quick=True) == quick
+    json.dumps(config_settings(config))  # every field has a JSON form for results.json
+
+
+def test_nested_method_config_is_frozen_too():
+    config = EXPERIMENTS["mfpo"].config_class()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.methods.local_steps = 3
+    assert isinstance(config.methods, MethodConfig)
+
+
+def test_quick_keeps_the_fields_that_do_not_set_the_size():
+    mfpo = EXPERIMENTS["mfpo"].config(quick=True, env="pendulum", sweeps=False, budget=2e5)
+    assert mfpo.env == "pendulum" and mfpo.sweeps is False and mfpo.budget == 0.0
+    alpha = EXPERIMENTS["alpha"].config(quick=True, alphas=(0.0, 1.0))
+    assert alpha.alphas == (0.0, 1.0) and alpha.rounds == 4 and alpha.tau == 2
+
+
+def test_config_rejects_unknown_fields_and_bad_values():
+    with pytest.raises(ValueError, match="unknown option"):
+        EXPERIMENTS["alpha"].config(env="cartpole")
+    with pytest.raises(ValueError, match="env"):
+        EXPERIMENTS["byzantine"].config(env="hopper")
+    with pytest.raises(ValueError, match="byzantine_agents"):
+        EXPERIMENTS["byzantine"].config(byzantine_agents=(0, 10))
+    with pytest.raises(ValueError, match="methods"):
+        EXPERIMENTS["personalization"].config(methods=("exact", "maml"))
+    with pytest.raises(TypeError, match="AlphaConfig"):
+        run_experiment(EXPERIMENTS["alpha"], "unused", seeds=1, config=EXPERIMENTS["personalization"].config_class())
+
+
+# --- what the command line runs ---------------------------------------------------------------------
+@pytest.fixture
+def calls(monkeypatch):
+    """Replace the CLI's run_experiment by a recorder of (name, config, quick)."""
+    seen = []
+
+    def record(experiment, out, seeds, quick, device, progress, config):
+        seen.append((experiment.name, config, quick, seeds))
+        return {"wall_time_s": 0.0, "records": []}
+
+    monkeypatch.setattr(reproduce_cli, "run_experiment", record)
+    return seen
+
+
+def test_quick_runs_the_quick_variant_of_every_experiment_in_all(calls, tmp_path):
+    assert main(["reproduce", "all", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert [c[0] for c in calls] == [n for n, e in EXPERIMENTS.items() if e.include_in_all]
+    for name, config, quick, seeds in calls:
+        assert quick is True and seeds == reproduce_cli.QUICK_SEEDS
+        assert config.quick() == EXPERIMENTS[name].config_class().quick()
+
+
+def test_flags_become_config_fields(calls, tmp_path):
+    assert main(["reproduce", "mfpo", "--env", "pendulum", "--budget", "2e5", "--sb3-budget", "1e4", "--no-sweeps",
+                 "--out", str(tmp_path)]) == 0
+    assert calls[0][1] == dataclasses.replace(EXPERIMENTS["mfpo"].config_class(), env="pendulum", budget=2e5, sb3_budget=1e4,
+                                              sweeps=False)
+    assert calls[0][2] is False and calls[0][3] == reproduce_cli.DEFAULT_SEEDS
+
+
+def test_an_inapplicable_flag_is_an_error_naming_the_experiments_that_take_it(calls, tmp_path, capsys):
+    for field in FLAGS:
+        takers = sorted(n for n, e in EXPERIMENTS.items() if field in e.config_fields())
+        assert takers == (["mfpo"] if field in ("sb3_budget", "sweeps") else ["byzantine", "mfpo"])
+        for name in EXPERIMENTS:
+            if name in takers:
+                continue
+            assert main(["reproduce", name, *FLAGS[field], "--out", str(tmp_path)]) == 2
+            assert capsys.readouterr().err == f"fedrl reproduce: {_flag_name(field)} applies to {', '.join(takers)}, not {name}\n"
+    # ``all`` stops at its first experiment that does not take the flag, before running anything
+    assert main(["reproduce", "all", "--env", "cartpole", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "fedrl reproduce: --env applies to byzantine, mfpo, not personalization\n"
+    assert calls == []
+
+
+def test_results_settings_hold_the_config_of_a_quick_run(tmp_path):
+    assert main(["reproduce", "personalization", "--quick", "--seeds", "1", "--out", str(tmp_path), "--no-progress"]) == 0
+    settings = json.loads((tmp_path / "personalization" / "results.json").read_text())["settings"]
+    expected = config_settings(EXPERIMENTS["personalization"].config_class().quick())
+    assert {k: settings[k] for k in expected} == expected
+    assert settings["quick"] is True and settings["seeds"] == 1 and settings["K"] == expected["rounds"]
+
+
+# --- reentrancy --------------------------------------------------------------------------------------
+def _run(name: str, config, seeds: int = 2) -> ExperimentOutput:
+    return EXPERIMENTS[name].run(config, seeds=seeds, device="cpu", progress=False)
+
+
+def test_runs_with_different_configs_interleave(monkeypatch):
+    """Two configs of each experiment run at once (threads) give what each gives alone, and leave
+    the experiment objects as they were."""
+    # One intra-op thread for everybody, so that the runs' thread-count contexts change nothing
+    # and a reduction cannot depend on which run restored the count first.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alpha, curvature = EXPERIMENTS["alpha"].config(quick=True), EXPERIMENTS["curvature"].config(quick=True)
+        jobs = [
+            ("alpha", alpha),
+            ("alpha", dataclasses.replace(alpha, alphas=(0.0, 1.0), methods=("exact", "fedavg"), rounds=3)),
+            ("curvature", curvature),
+            ("curvature", dataclasses.replace(curvature, m_hs=(50,), rounds=2, eval_every=1)),
+        ]
+        state = {name: dict(vars(EXPERIMENTS[name])) for name, _ in jobs}
+        alone = [_run(name, config).records for name, config in jobs]
+        together: list = [None] * len(jobs)
+
+        def work(i: int) -> None:
+            together[i] = _run(*jobs[i]).records
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(before)
+    for (name, config), a, b in zip(jobs, alone, together):
+        assert a == b, f"{name} {config}: the interleaved run differs from the run alone"
+    assert alone[0] != alone[1] and alone[2] != alone[3]  # the configs did change the runs
+    assert {r["alpha"] for r in alone[1]} == {0.0, 1.0} and {r["m_h"] for r in alone[3]} == {50, None}
+    for name, _ in jobs:
+        assert vars(EXPERIMENTS[name]) == state[name]
+    # and sequentially: a run after another config's run is the same as before it
+    assert _run(*jobs[0]).records == alone[0]
