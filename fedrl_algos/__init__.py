@@ -10,8 +10,8 @@ samplers, estimators, aggregation, server optimizers, attacks) → :mod:`fedrl_a
 >>> from fedrl_algos import PerFedAvgPG, FedAvgPG, IndependentPG
 """
 
-from fedrl_algos.fedavg_sb3 import FedAvgSB3
 from fedrl_algos.fedavg_pg import FedAvgPG
+from fedrl_algos.fedavg_sb3 import FedAvgSB3
 from fedrl_algos.fedpg_br import FedPGBR
 from fedrl_algos.independent_pg import IndependentPG
 from fedrl_algos.mfpo import MFPO

@@ -15,8 +15,8 @@ import torch
 
 from fedrl_algos._cli_args import positive_int
 from fedrl_algos.core import KernelSampler, aggregate, local_update
-from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 from fedrl_algos.core.federation import Federation, run_keys
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, index_params, stack_params
 

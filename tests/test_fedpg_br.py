@@ -10,6 +10,7 @@ import torch
 
 import fedrl_envs
 from fedrl_algos import FedAvgPG, FedPGBR
+from fedrl_algos.core import KernelSampler, PolicyGradient, Trajectories
 from fedrl_algos.core.attacks import (
     ATTACKS,
     AttackedEstimator,
@@ -22,7 +23,6 @@ from fedrl_algos.core.attacks import (
     ZeroGradient,
     make_attack,
 )
-from fedrl_algos.core import KernelSampler, PolicyGradient, Trajectories
 from fedrl_algos.core.optim import AdamState
 from fedrl_algos.fedpg_br import byzantine_filter, filter_threshold, filtered_mean, geometric_inner_steps
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
@@ -428,8 +428,14 @@ def test_fedavg_round_with_an_adam_server():
     step sizes 100× apart (without Adam the server adopts the average, ``plain``)."""
     _requires(CARTPOLE)
     from fedrl_algos.core.gpomdp import ScoreFunctionGradient
+    from fedrl_algos.fedavg_pg import fedavg_pg_round
     from fedrl_algos.mfpo import ExponentialStepSize
-    from fedrl_algos.reproduce.mfpo import GAMMA, MethodConfig, Population, fedavg_round
+    from fedrl_algos.reproduce.mfpo import GAMMA, MethodConfig, Population
+
+    def fedavg_round(pop, estimator, theta, step, adam=None):
+        new, state, _ = fedavg_pg_round(pop.federation, theta, estimator, cfg.step_size, step, cfg.local_steps,
+                                        server_state=adam, server_step_size=cfg.server_lr)
+        return new, state
 
     for initial in (1e-4, 1e-2):
         cfg = MethodConfig(local_steps=1, n_trajectories=4, server_optimizer="adam", server_lr=0.01,
@@ -446,3 +452,39 @@ def test_fedavg_round_with_an_adam_server():
         big = averaged.abs() > 1e-3 * averaged.abs().max()
         assert big.float().mean() > 0.5 and torch.allclose(moved[big], 0.01 * averaged[big].sign(), rtol=1e-3)
         assert not torch.allclose(new, plain)
+
+
+@pytest.mark.parametrize("server_optimizer, attack", [("sgd", None), ("adam", "sign_flip")])
+def test_public_fedavg_pg_is_the_reproductions_baseline(server_optimizer, attack):
+    """One FedAvg-PG: the class configured as the MFPO comparison's (or the Byzantine experiment's)
+    baseline gives bitwise the parameters of ``fedrl reproduce``'s ``train_fedavg`` rounds, which
+    call the class's own update on the reproduction's batched population."""
+    _requires(CARTPOLE)
+    from fedrl_algos.core.attacks import AttackedEstimator, make_attack
+    from fedrl_algos.core.gpomdp import ScoreFunctionGradient
+    from fedrl_algos.fedavg_pg import fedavg_pg_round
+    from fedrl_algos.mfpo import ExponentialStepSize
+    from fedrl_algos.reproduce.mfpo import GAMMA, MethodConfig, Population
+
+    cfg = MethodConfig(local_steps=2, n_trajectories=4, server_optimizer=server_optimizer, server_lr=0.01)
+    byzantine = (0, 1, 2) if attack else ()
+    model = FedAvgPG("MlpPolicy", CARTPOLE, step_size=ExponentialStepSize(), local_steps=2, n_trajectories=4,
+                     baseline="loo", server_optimizer=server_optimizer, server_step_size=0.01, attack=attack,
+                     byzantine_agents=byzantine, gamma=GAMMA, policy_kwargs=dict(net_arch=(16, 16), activation="tanh"),
+                     seed=3, device="cpu").learn(total_rounds=3)
+
+    pop = Population("cartpole", [3], 10, cfg)
+    estimator = ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories)
+    if attack:
+        mask = torch.zeros(10, dtype=torch.bool)
+        mask[list(byzantine)] = True
+        estimator = AttackedEstimator(estimator, make_attack(attack), mask)
+    theta = pop.initial_theta()
+    state = AdamState.zeros_like(theta) if server_optimizer == "adam" else None
+    for round_ in range(3):
+        theta, state, _ = fedavg_pg_round(pop.federation, theta, estimator, cfg.step_size, 2 * round_, 2,
+                                          server_state=state, server_step_size=0.01)
+    assert torch.equal(model.policy.theta.detach(), theta[0])
+    assert model.local_step == 6
+    if server_optimizer == "adam":
+        assert torch.equal(model.optimizer_state.first, state.first)

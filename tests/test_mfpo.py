@@ -84,7 +84,7 @@ def _update(policy, **kwargs) -> MFPOUpdate:
     return MFPOUpdate(policy, **defaults)
 
 
-def _sampler(policy, seed: int = 4) -> Sampler:
+def _sampler(policy, seed: int = 4) -> KernelSampler:
     return KernelSampler(GRIDWORLD, stack_params(GRIDWORLD.train_tasks[:3]), policy, RandomStreams(derive_keys(seed, torch.arange(3))))
 
 

@@ -12,10 +12,10 @@ from fedrl_algos.cli import main
 from fedrl_algos.core import KernelSampler, policy_gradient, reward_to_go_weights, rollout
 from fedrl_algos.core.estimators import autograd_hvp
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
-from fedrl_algos.policies.tabular import tabulate
 from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import TabularPolicy
+from fedrl_algos.policies.tabular import tabulate
 from fedrl_algos.reproduce import EXPERIMENTS
 from fedrl_algos.reproduce.tabular import ALPHAS, METHODS, PAPER, TabularConfig, train_tabular
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, index_params, repeat_params, stack_params

@@ -79,6 +79,8 @@ class FedAvgPG(FederatedAlgorithm):
     """
 
     renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
+    # Episodes that terminate (CartPole, the MFPO comparison's family) end a batch's rollout early.
+    stop_rollouts_when_done: ClassVar[bool] = True
     _BATCH_PARTS: ClassVar[tuple[str, ...]] = ("m_in", "m_h", "m_out")
 
     def __init__(

@@ -33,13 +33,13 @@ from typing import Any, Self
 
 import torch
 
-from fedrl_algos.core.aggregation import aggregate
 from fedrl_algos.core.attacks import AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
-from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
+from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
+from fedrl_algos.fedavg_pg import fedavg_pg_round
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
@@ -257,12 +257,13 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
                  bar: Any = None) -> list[dict[str, Any]]:
     """FedAvg-PG: K local steps ``θ ← θ + α_t ĝ`` (GPOMDP, D trajectories) per agent, then the average.
 
-    With ``attack``, the agents in ``byzantine`` apply it to every local direction. With
-    ``cfg.server_optimizer == "adam"`` the server takes an Adam step (``cfg.server_lr``) along the
-    round's average local direction ``(mean_k θ_k − θ) / Σ_t α_t`` instead of adopting the average
-    (divided by the local step sizes so that α_t's growth does not change what Adam sees); with
-    K = 1 that is Adam on the averaged GPOMDP gradient, the unprotected baseline of FedPG-BR's
-    experiments.
+    Every round is :func:`fedrl_algos.fedavg_pg.fedavg_pg_round`, the update of the public
+    :class:`~fedrl_algos.FedAvgPG` class (here batched over seeds, with the agents' environment
+    steps counted as they are sampled). With ``attack``, the agents in ``byzantine`` apply it to
+    every local direction. With ``cfg.server_optimizer == "adam"`` the server takes an Adam step
+    (``cfg.server_lr``) along the round's average local direction ``(mean_k θ_k − θ) / Σ_t α_t``
+    instead of adopting the average; with K = 1 that is Adam on the averaged GPOMDP gradient, the
+    unprotected baseline of FedPG-BR's experiments.
     """
     cfg = pop.cfg
     counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories))
@@ -276,30 +277,13 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     going, t = True, 0
     while going:
         counting.steps = 0.0
-        theta, adam = fedavg_round(pop, estimator, theta, t, adam)
+        theta, adam, _ = fedavg_pg_round(pop.federation, theta, estimator, cfg.step_size, t, cfg.local_steps,
+                                         server_state=adam, server_step_size=cfg.server_lr)
         t += cfg.local_steps
         going = curve.advance(counting.steps.mean(-1), cfg.local_steps * cfg.n_trajectories)
         if curve.due(going):
             curve.record(theta)
     return curve.points
-
-
-def fedavg_round(pop: Population, estimator: GradientEstimator, theta: torch.Tensor, step: int,
-                 adam: AdamState | None = None) -> tuple[torch.Tensor, AdamState | None]:
-    """One FedAvg-PG round from server parameters ``theta [R, d]`` after ``step`` local steps.
-
-    :return: the new server parameters and Adam's state (``None`` without Adam): the average of
-        the agents' models, or with ``adam`` an Adam step along ``(mean_k θ_k − θ) / Σ_t α_t``
-    """
-    cfg = pop.cfg
-    local = pop.federation.broadcast(theta)
-    step_sum = 0.0
-    for t in range(step + 1, step + cfg.local_steps + 1):
-        step_sum += cfg.step_size(t)
-        local = local + cfg.step_size(t) * estimator(pop.federation.sampler, local)
-    if adam is None:
-        return aggregate(local), None
-    return adam_ascent(theta, (aggregate(local) - theta) / step_sum, adam, cfg.server_lr)
 
 
 def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine: Sequence[int] = (), use_filter: bool = True,

@@ -37,10 +37,10 @@ from typing import Any, Self
 
 import torch
 
-from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.directions import GradientEstimator, PolicyGradient
-from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+from fedrl_algos.core.federation import Federation
 from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, FederatedTrainingConfig, TableRow, progress_bar
 from fedrl_envs import GRIDWORLD, params_to, stack_params
