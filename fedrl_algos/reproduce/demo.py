@@ -76,7 +76,7 @@ def run_demo(
     say = print if verbose else (lambda *a, **k: None)
     say(f"Meta-training first-order Per-FedAvg-PG on the 6 training goals ({rounds} rounds, seed {seed}, {device})")
     model = PerFedAvgPG(
-        "MlpPolicy", "fedrl/ArcNavigation-v0", variant="first_order", alpha=1.0, beta=0.2, tau=5, m_in=10, m_out=10,
+        "MlpPolicy", "fedrl/ArcNavigation-v0", variant="first_order", alpha=1.0, step_size=0.2, local_steps=5, m_in=10, m_out=10,
         seed=seed, device=device,
     )
     model.learn(total_rounds=rounds, progress_bar=progress_bar)
@@ -84,7 +84,7 @@ def run_demo(
     adapted = model.adapt(list(heldout), n_trajectories=adapt_trajectories)
     steps = max(1, adapt_trajectories // 20)
     scratch = IndependentPG(
-        "MlpPolicy", FamilyVectorEnv(ARC_NAVIGATION, heldout, device=device, seed=seed), m=20, beta=0.2, tau=1,
+        "MlpPolicy", FamilyVectorEnv(ARC_NAVIGATION, heldout, device=device, seed=seed), n_trajectories=20, step_size=0.2, local_steps=1,
         seed=seed, device=device, policy_kwargs=dict(init_seed=FRESH_INIT_OFFSET + seed),
     ).learn(total_rounds=steps)
     policy = model.policy
