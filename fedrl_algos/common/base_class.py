@@ -82,6 +82,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     stop_rollouts_when_done: ClassVar[bool] = False
     #: deprecated constructor arguments and attributes of this class: old name → new name
     renamed_arguments: ClassVar[dict[str, str]] = {}
+    #: attributes that files saved by earlier versions carry and this class no longer has
+    #: (dropped on load; e.g. the dummy ``beta``/``tau``/``alpha`` the old shared base required)
+    obsolete_attributes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -164,11 +167,14 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.n_agents = n_tasks(self.agent_params)
         self.n_envs = self.n_agents
 
-    def _migrate_renamed_attributes(self) -> None:
-        """Attributes of files saved before a rename take their new names."""
+    def _migrate_saved_attributes(self) -> None:
+        """Attributes of a file saved before a rename take their new names (the saved value wins
+        over the constructor's default); attributes this class no longer has are dropped."""
         for old, new in type(self).renamed_arguments.items():
-            if old in self.__dict__ and new not in self.__dict__:
+            if old in self.__dict__:
                 self.__dict__[new] = self.__dict__.pop(old)
+        for name in type(self).obsolete_attributes:
+            self.__dict__.pop(name, None)
 
     def _make_federation(self) -> Federation:
         federation = Federation(
@@ -181,7 +187,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     def _setup_model(self) -> None:
         """Build the policy, the batched federation (random streams included) and the evaluator;
         subclasses extend it with their update."""
-        self._migrate_renamed_attributes()
+        self._migrate_saved_attributes()
         try:
             policy = self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs)
         except TypeError as err:

@@ -148,6 +148,13 @@ class FedAvgPG(FederatedAlgorithm):
         )
 
     # --- set-up --------------------------------------------------------------------------------
+    def _migrate_saved_attributes(self) -> None:
+        # Files saved before the rename kept the per-step batch as its three parts and β as a number.
+        if all(k in self.__dict__ for k in self._BATCH_PARTS):
+            self.n_trajectories = sum(int(self.__dict__.pop(k)) for k in self._BATCH_PARTS)
+        super()._migrate_saved_attributes()
+        self.step_size = as_step_size(self.step_size)
+
     def _setup_model(self) -> None:
         self.agents_per_round = check_agents_per_round(self.agents_per_round, self.n_agents)
         if any(not 0 <= k < self.n_agents for k in self.byzantine_agents):

@@ -87,6 +87,7 @@ class FedPGBR(FederatedAlgorithm):
     renamed_arguments: ClassVar[dict[str, str]] = {"learning_rate": "step_size", "server_learning_rate": "step_size"}
     stop_rollouts_when_done: ClassVar[bool] = True
     allows_new_agent_count: ClassVar[bool] = False
+    obsolete_attributes: ClassVar[tuple[str, ...]] = ("beta", "tau", "alpha", "eval_adapt_trajectories", "agents_per_round")
 
     def __init__(
         self,

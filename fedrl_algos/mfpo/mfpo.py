@@ -77,6 +77,7 @@ class MFPO(FederatedAlgorithm):
 
     stop_rollouts_when_done: ClassVar[bool] = True
     allows_new_agent_count: ClassVar[bool] = False
+    obsolete_attributes: ClassVar[tuple[str, ...]] = ("beta", "tau", "alpha", "eval_adapt_trajectories", "agents_per_round")
 
     def __init__(
         self,
