@@ -5,20 +5,6 @@ moved to the shared core. Importing a name from here still works for one release
 ``DeprecationWarning``.
 """
 
-from __future__ import annotations
+from fedrl_algos.common.deprecation import moved_names
 
-import warnings
-from typing import Any
-
-from fedrl_algos.core import attacks as _attacks
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__") or not hasattr(_attacks, name):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"fedrl_algos.attacks.{name} moved to fedrl_algos.core.attacks.{name}; the old path goes away in the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(_attacks, name)
+__getattr__ = moved_names(__name__, dict.fromkeys(("ATTACKS", "Attack", "NoAttack", "RandomNoise", "SignFlip", "ZeroGradient", "RandomAction", "RewardFlip", "RandomActionPolicy", "AttackedEstimator", "make_attack", "attack_streams"), "fedrl_algos.core.attacks"))

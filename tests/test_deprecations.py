@@ -59,6 +59,10 @@ def test_old_attribute_names_read_the_new_ones():
         assert model.tau == 3
     with pytest.raises(AttributeError, match="no attribute 'gamma_'"):
         model.gamma_  # noqa: B018
+    br = FedPGBR("TabularPolicy", GRID, step_size=0.5, batch_range=(4, 6), inner_batch_size=2, seed=0, device="cpu")
+    with pytest.warns(DeprecationWarning, match="step_size"):
+        assert br.server_learning_rate == 0.5
+    assert br.step_size == 0.5  # and SB3's own ``learning_rate`` is not mistaken for it
 
 
 def test_unknown_keyword_is_a_type_error():
@@ -94,7 +98,7 @@ def test_old_module_paths_resolve_with_a_warning(module, name, new_module):
 def test_models_saved_before_the_restructuring_load_and_continue(name):
     expected = json.loads((DATA / "algorithms_e06eef9_expected.json").read_text())[name]
     model = CLASSES[name].load(DATA / f"{name}_e06eef9.zip", device="cpu")
-    for attribute in model.obsolete_attributes + tuple(model.renamed_arguments):
+    for attribute in model.obsolete_attributes + tuple(model.renamed_attributes):
         assert attribute not in vars(model)  # migrated or dropped, not carried along
     model.learn(total_rounds=1, reset_num_timesteps=False)
     got, want = _theta(model).reshape(-1), torch.tensor(expected["theta_after_one_more_round"], dtype=_theta(model).dtype)

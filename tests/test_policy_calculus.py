@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from fedrl_algos import PerFedAvgPG
-from fedrl_algos.core import KernelSampler, autograd_hvp, autograd_score_gradient, hessian_vector_product, policy_gradient
+from fedrl_algos.core import (
+    KernelSampler,
+    autograd_hvp,
+    autograd_score_gradient,
+    hessian_vector_product,
+    policy_gradient,
+)
 from fedrl_algos.core.attacks import RandomActionPolicy
 from fedrl_algos.core.estimators import masked_log_prob
 from fedrl_algos.policies import CategoricalMixin, FlatPolicy, MlpPolicy, TabularPolicy

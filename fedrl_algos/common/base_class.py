@@ -80,8 +80,11 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     #: stop a batch's rollout once all its episodes have terminated (for families whose episodes
     #: end early, e.g. CartPole; the results are unchanged, see ``core.sampling.rollout``)
     stop_rollouts_when_done: ClassVar[bool] = False
-    #: deprecated constructor arguments and attributes of this class: old name → new name
+    #: deprecated constructor arguments of this class: old name → new name
     renamed_arguments: ClassVar[dict[str, str]] = {}
+    #: deprecated attribute names (read with a warning; renamed when a file saved before the
+    #: rename is loaded): old name → new name
+    renamed_attributes: ClassVar[dict[str, str]] = {}
     #: attributes that files saved by earlier versions carry and this class no longer has
     #: (dropped on load; e.g. the dummy ``beta``/``tau``/``alpha`` the old shared base required)
     obsolete_attributes: ClassVar[tuple[str, ...]] = ()
@@ -140,7 +143,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
     def __getattr__(self, name: str) -> Any:
         # Deprecated attribute names (``model.beta``) read the renamed attribute, with a warning.
-        renamed = type(self).renamed_arguments
+        renamed = type(self).renamed_attributes
         if name in renamed:
             import warnings
 
@@ -170,7 +173,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     def _migrate_saved_attributes(self) -> None:
         """Attributes of a file saved before a rename take their new names (the saved value wins
         over the constructor's default); attributes this class no longer has are dropped."""
-        for old, new in type(self).renamed_arguments.items():
+        for old, new in type(self).renamed_attributes.items():
             if old in self.__dict__:
                 self.__dict__[new] = self.__dict__.pop(old)
         for name in type(self).obsolete_attributes:

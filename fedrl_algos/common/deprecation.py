@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["renamed_arguments"]
+__all__ = ["renamed_arguments", "moved_names"]
 
 
 def renamed_arguments(owner: str, renamed: Mapping[str, str], given: Mapping[str, Any], stacklevel: int = 3) -> dict[str, Any]:
@@ -31,3 +32,24 @@ def renamed_arguments(owner: str, renamed: Mapping[str, str], given: Mapping[str
         )
         out[renamed[old]] = value
     return out
+
+
+def moved_names(old_module: str, moved: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that serves names moved elsewhere, with a ``DeprecationWarning``.
+
+    :param old_module: the deprecated module's dotted name (for the messages)
+    :param moved: name → the module it lives in now
+    :return: the function to assign to the deprecated module's ``__getattr__``
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{old_module}.{name} moved to {moved[name]}.{name}; the old path goes away in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(moved[name]), name)
+
+    return __getattr__

@@ -38,6 +38,7 @@ from fedrl_algos.core.trajectories import Trajectories
 __all__ = [
     "BASELINES",
     "ESTIMATORS",
+    "check_estimator_and_baseline",
     "time_baseline",
     "gpomdp_weights",
     "reinforce_weights",
@@ -56,6 +57,14 @@ __all__ = [
 BASELINES = ("loo", "mean", None)
 #: accepted values of every ``estimator`` argument
 ESTIMATORS = ("gpomdp", "reinforce")
+
+
+def check_estimator_and_baseline(estimator: str, baseline: str | None) -> None:
+    """``ValueError`` naming the argument unless ``estimator`` is in :data:`ESTIMATORS` and
+    ``baseline`` in :data:`BASELINES`."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    _check_baseline(baseline)
 
 
 def _check_baseline(baseline: str | None) -> None:
@@ -233,9 +242,7 @@ class ScoreFunctionGradient(GradientEstimator):
         super().__init__(policy, gamma)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m must be an int >= 1, got {m!r}")
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        _check_baseline(baseline)
+        check_estimator_and_baseline(estimator, baseline)
         self.m, self.estimator, self.baseline = m, estimator, baseline
         self.name = estimator
 

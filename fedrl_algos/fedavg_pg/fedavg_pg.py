@@ -16,10 +16,11 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round, check_non_negative
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
 from fedrl_algos.core.directions import GradientEstimator
-from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS, ScoreFunctionGradient
-from fedrl_algos.core.optim import AdamState, check_server_optimizer
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_estimator_and_baseline
+from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
 from fedrl_algos.fedavg_pg.update import fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
@@ -28,7 +29,7 @@ from fedrl_envs.core import check_int
 __all__ = ["FedAvgPG"]
 
 
-class FedAvgPG(FederatedAlgorithm):
+class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
     """Federated policy gradient by parameter averaging (FedAvg-PG).
 
     Each round every participating agent starts from the server's θ and takes ``local_steps`` (K,
@@ -79,6 +80,7 @@ class FedAvgPG(FederatedAlgorithm):
     """
 
     renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
+    renamed_attributes: ClassVar[dict[str, str]] = renamed_arguments
     # Episodes that terminate (CartPole, the MFPO comparison's family) end a batch's rollout early.
     stop_rollouts_when_done: ClassVar[bool] = True
     _BATCH_PARTS: ClassVar[tuple[str, ...]] = ("m_in", "m_h", "m_out")
@@ -119,10 +121,7 @@ class FedAvgPG(FederatedAlgorithm):
         self.step_size = as_step_size(step_size)
         self.local_steps = check_int("local_steps", local_steps)
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        if baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
         self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
         if isinstance(server_step_size, bool) or not (isinstance(server_step_size, int | float) and server_step_size > 0):
@@ -161,13 +160,7 @@ class FedAvgPG(FederatedAlgorithm):
             raise ValueError(f"byzantine_agents must be agent indices in [0, {self.n_agents - 1}], got {self.byzantine_agents}")
         super()._setup_model()
         self.estimator = self._make_estimator()
-        # Adam's state as tensors [1], [1, d] that SB3 saves with the parameters (zero for "sgd").
-        d, dtype = self.policy.n_params, self.policy.theta.dtype
-        if self.__dict__.get("adam_step") is None:
-            self.adam_step = torch.zeros(1, dtype=dtype)
-            self.adam_first = torch.zeros(1, d, dtype=dtype)
-            self.adam_second = torch.zeros(1, d, dtype=dtype)
-        self.adam_step, self.adam_first, self.adam_second = (x.to(self.device) for x in (self.adam_step, self.adam_first, self.adam_second))
+        self._setup_server_state()
 
     def _make_estimator(self) -> GradientEstimator:
         honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline)
@@ -179,17 +172,6 @@ class FedAvgPG(FederatedAlgorithm):
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "estimator"]
-
-    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        state_dicts, variables = super()._get_torch_save_params()
-        return state_dicts, [*variables, "adam_step", "adam_first", "adam_second"]
-
-    @property
-    def optimizer_state(self) -> AdamState | None:
-        """The server's Adam state (``server_optimizer="adam"``), batch shape ``[1]``; ``None`` for ``"sgd"``."""
-        if self.server_optimizer != "adam":
-            return None
-        return AdamState(self.adam_step, self.adam_first, self.adam_second)
 
     # --- training ------------------------------------------------------------------------------
     @property
@@ -214,8 +196,7 @@ class FedAvgPG(FederatedAlgorithm):
             self.federation, theta, self.estimator, self.step_size, self.local_step, self.local_steps,
             self.agents_per_round, self.optimizer_state, self.server_step_size,
         )
-        if state is not None:
-            self.adam_step, self.adam_first, self.adam_second = state
+        self._store_server_state(state)
         self.local_step += self.local_steps
         self.policy.theta.data.copy_(new_theta[0])
 

@@ -15,9 +15,10 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import server_policy_metrics
+from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
-from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS
-from fedrl_algos.core.optim import AdamState, check_server_optimizer
+from fedrl_algos.core.gpomdp import check_estimator_and_baseline
+from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.core import check_int
@@ -25,7 +26,7 @@ from fedrl_envs.core import check_int
 __all__ = ["FedPGBR"]
 
 
-class FedPGBR(FederatedAlgorithm):
+class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     """Federated policy gradient with Byzantine resilience (FedPG-BR).
 
     Each round the server broadcasts θ̃; every agent reports a GPOMDP gradient from ``B_t``
@@ -84,7 +85,9 @@ class FedPGBR(FederatedAlgorithm):
     (3, 8)
     """
 
-    renamed_arguments: ClassVar[dict[str, str]] = {"learning_rate": "step_size", "server_learning_rate": "step_size"}
+    renamed_arguments: ClassVar[dict[str, str]] = {"learning_rate": "step_size"}
+    # ``learning_rate`` is SB3's own attribute (unused here); η was saved as ``server_learning_rate``.
+    renamed_attributes: ClassVar[dict[str, str]] = {"server_learning_rate": "step_size"}
     stop_rollouts_when_done: ClassVar[bool] = True
     allows_new_agent_count: ClassVar[bool] = False
     obsolete_attributes: ClassVar[tuple[str, ...]] = ("beta", "tau", "alpha", "eval_adapt_trajectories", "agents_per_round")
@@ -136,10 +139,7 @@ class FedPGBR(FederatedAlgorithm):
         if not (isinstance(max_byzantine_fraction, int | float) and 0 <= max_byzantine_fraction < 0.5):
             raise ValueError(f"max_byzantine_fraction must be in [0, 0.5), got {max_byzantine_fraction!r}")
         self.max_byzantine_fraction = float(max_byzantine_fraction)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        if baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
         if max_importance_weight is not None and not (isinstance(max_importance_weight, int | float) and max_importance_weight >= 1):
             raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
@@ -185,14 +185,7 @@ class FedPGBR(FederatedAlgorithm):
             self.attack,
             self.server_optimizer,
         )
-        # Adam's state as tensors [1], [1, d] that SB3 saves with the parameters (and maps to the
-        # device on load); kept for "sgd" too, where it stays zero.
-        d, dtype = self.policy.n_params, self.policy.theta.dtype
-        if self.__dict__.get("adam_step") is None:
-            self.adam_step = torch.zeros(1, dtype=dtype)
-            self.adam_first = torch.zeros(1, d, dtype=dtype)
-            self.adam_second = torch.zeros(1, d, dtype=dtype)
-        self.adam_step, self.adam_first, self.adam_second = (x.to(self.device) for x in (self.adam_step, self.adam_first, self.adam_second))
+        self._setup_server_state()
         self._make_server_sampler()
         if self._extra_rng_state is not None:
             self.server_sampler.streams.load_state_dict(self._extra_rng_state["server_traj"])
@@ -224,17 +217,6 @@ class FedPGBR(FederatedAlgorithm):
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "update", "server_sampler", "noise_streams", "byzantine_mask"]
 
-    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        state_dicts, variables = super()._get_torch_save_params()
-        return state_dicts, [*variables, "adam_step", "adam_first", "adam_second"]
-
-    @property
-    def optimizer_state(self) -> AdamState | None:
-        """The server's Adam state (``server_optimizer="adam"``), batch shape ``[1]``; ``None`` for ``"sgd"``."""
-        if self.server_optimizer != "adam":
-            return None
-        return AdamState(self.adam_step, self.adam_first, self.adam_second)
-
     def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
         """Save parameters, configuration and every random-stream state (SB3 zip format)."""
         self._extra_rng_state = {"server_traj": self.server_sampler.streams.state_dict(), "noise": self.noise_streams.state_dict()}
@@ -262,8 +244,7 @@ class FedPGBR(FederatedAlgorithm):
             theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
             self.optimizer_state,
         )
-        if info["optimizer_state"] is not None:
-            self.adam_step, self.adam_first, self.adam_second = info["optimizer_state"]
+        self._store_server_state(info["optimizer_state"])
         self.policy.theta.data.copy_(new_theta[0])
         self.filter_history.append([bool(k) for k in info["kept"][0].tolist()])
         self.env_steps_per_agent += float(info["env_steps"].mean())

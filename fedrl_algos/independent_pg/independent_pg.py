@@ -59,6 +59,7 @@ class IndependentPG(FederatedAlgorithm):
     """
 
     renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "m": "n_trajectories", "tau": "local_steps"}
+    renamed_attributes: ClassVar[dict[str, str]] = renamed_arguments
     allows_new_agent_count: ClassVar[bool] = False
     obsolete_attributes: ClassVar[tuple[str, ...]] = ("alpha", "eval_adapt_trajectories", "agents_per_round")
 

@@ -14,7 +14,7 @@ import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
-from fedrl_algos.core.gpomdp import BASELINES, ESTIMATORS
+from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
 from fedrl_algos.policies import FlatPolicy
@@ -108,10 +108,7 @@ class MFPO(FederatedAlgorithm):
         if initial_trajectories is None:
             initial_trajectories = self.n_trajectories * self.local_steps
         self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        if baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
         if max_importance_weight is not None and not (
             isinstance(max_importance_weight, int | float) and not isinstance(max_importance_weight, bool) and max_importance_weight >= 1.0

@@ -70,6 +70,7 @@ class PerFedAvgPG(FederatedAlgorithm):
     """
 
     renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
+    renamed_attributes: ClassVar[dict[str, str]] = renamed_arguments
 
     def __init__(
         self,
