@@ -221,8 +221,10 @@ def test_bad_policy_env_and_totals():
         PerFedAvgPG("MlpPolicy", GRID, alpha=1.0, step_size=0.1)
     with pytest.raises(ValueError, match="policy"):
         PerFedAvgPG("CnnPolicy", GRID, alpha=1.0, step_size=0.1)
-    with pytest.raises(ValueError, match="env"):
-        PerFedAvgPG("TabularPolicy", "CartPole-v1", alpha=1.0, step_size=0.1)
+    with pytest.raises(ValueError, match="agent_kwargs"):  # a Gymnasium id needs its agents
+        PerFedAvgPG("MlpPolicy", "CartPole-v1", alpha=1.0, step_size=0.1)
+    with pytest.raises(ValueError, match="policy TabularPolicy does not fit CartPole-v1"):
+        PerFedAvgPG("TabularPolicy", "CartPole-v1", n_agents=2, alpha=1.0, step_size=0.1)
     model = _grid_model()
     with pytest.raises(ValueError, match="exactly one"):
         model.learn()

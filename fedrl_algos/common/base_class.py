@@ -20,9 +20,10 @@ import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.type_aliases import MaybeCallback
 
-from fedrl_algos.common.env_util import n_tasks, resolve_federation_env
+from fedrl_algos.common.env_util import resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
-from fedrl_algos.core.federation import Federation, adapt_parameters, combine_seed
+from fedrl_algos.core.env_sampling import EnvSampler
+from fedrl_algos.core.federation import Federation, adapt_parameters, adapt_with_sampler, combine_seed
 from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
@@ -63,8 +64,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     :meth:`_train_round`, :attr:`trajectories_per_round` and :meth:`evaluate_round`.
 
     :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a :class:`~fedrl_algos.policies.FlatPolicy` class
-    :param env: a registered fedrl id (its family's training tasks), a task family, or a
-        ``FederatedVecEnv`` on a fedrl family
+    :param env: the agents' environments: a registered fedrl id (its family's training tasks, or one
+        task per ``agent_kwargs`` dict), a task family, a ``FederatedVecEnv`` of either backend, or
+        any registered Gymnasium id with ``agent_kwargs`` or ``n_agents`` (see
+        :func:`~fedrl_algos.common.env_util.resolve_federation_env`)
     :param gamma: discount γ
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation; ``None``:
         0 for families with an exact model (they log exact values) and 32 otherwise
@@ -73,6 +76,12 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     :param seed: seed of every random stream of the run (drawn at random when ``None``)
     :param device: torch device (``"auto"``: CUDA when available)
     :param verbose: 0 silent, 1 logger output to stdout
+    :param agent_kwargs: with an env id: one dict per agent (``make_params`` arguments of a fedrl
+        family, ``gym.make`` arguments of a Gymnasium env)
+    :param n_agents: with a Gymnasium id: that many identical agents
+    :param horizon: last time index H of the episodes sampled (``H + 1`` steps; default: the
+        family's horizon, or the Gymnasium env's ``max_episode_steps − 1``; required where the env
+        has no limit)
     """
 
     policy_aliases: ClassVar[dict[str, type[FlatPolicy]]] = {"TabularPolicy": TabularPolicy, "MlpPolicy": MlpPolicy}
@@ -100,6 +109,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         seed: int | None = None,
         device: torch.device | str = "auto",
         verbose: int = 0,
+        agent_kwargs: Sequence[dict[str, Any]] | None = None,
+        n_agents: int | None = None,
+        horizon: int | None = None,
         _init_setup_model: bool = True,
     ) -> None:
         if isinstance(policy, str):
@@ -122,19 +134,23 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             seed=seed,
             support_multi_env=True,
         )
+        # Defaults that files saved before these attributes existed rely on (load sets the rest).
+        self.horizon = None if horizon is None else check_int("horizon", horizon, 0)
+        self.agent_kwargs = None
+        self.fed_env = None  # not saved: a loaded model rebuilds a Gymnasium env from agent_kwargs
         if env is None:
             if _init_setup_model:
-                raise ValueError("env must be given (a fedrl family id, a TaskFamily or a FederatedVecEnv)")
+                raise ValueError("env must be given (a fedrl family id, a TaskFamily, a FederatedVecEnv or a Gymnasium id)")
             return
         self.gamma = check_gamma(gamma)
-        self._bind_env(env)
+        if self.seed is None:
+            self.seed = seed_from_entropy()
+        self._bind_env(env, agent_kwargs, n_agents)
         # Families with an exact model log exact values; the others get a Monte Carlo estimate
         # sized to cost about as much as a round of training (raise it for precise numbers).
         if eval_trajectories is None:
-            eval_trajectories = 0 if has_exact_model(self.family) else 32
+            eval_trajectories = 0 if self.family is not None and has_exact_model(self.family) else 32
         self.eval_trajectories = check_int("eval_trajectories", eval_trajectories, 0)
-        if self.seed is None:
-            self.seed = seed_from_entropy()
         self.rounds_done = 0
         self.trajectories_per_agent = 0
         self._rng_state: dict[str, Any] | None = None
@@ -156,19 +172,42 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # --- set-up --------------------------------------------------------------------------------
-    def _bind_env(self, env: Any) -> None:
-        family, agent_params, env_obj = resolve_federation_env(env)
-        if "family" in self.__dict__ and type(family) is not type(self.family):
-            raise ValueError(f"env must be of family {self.family.env_id}, got {family.env_id}")
-        self.family = family
-        self.env_id = family.env_id
-        self.agent_params = params_to(agent_params, "cpu")
-        self.fed_env = env_obj
-        one = index_params(self.agent_params, 0)
-        self.observation_space = family.observation_space(one)
-        self.action_space = family.action_space(one)
-        self.n_agents = n_tasks(self.agent_params)
+    def _bind_env(self, env: Any, agent_kwargs: Any = None, n_agents: int | None = None) -> None:
+        agents = resolve_federation_env(env, agent_kwargs, n_agents, seed=self.seed, device=self.device)
+        if "env_id" in self.__dict__ and agents.env_id != self.env_id:
+            raise ValueError(f"env must be of the model's environment {self.env_id}, got {agents.env_id}")
+        self.family = agents.family
+        self.env_id = agents.env_id
+        self.agent_params = None if agents.agent_params is None else params_to(agents.agent_params, "cpu")
+        self.agent_kwargs = agents.agent_kwargs
+        self.fed_env = agents.env
+        self.observation_space = agents.observation_space
+        self.action_space = agents.action_space
+        self.n_agents = agents.n_agents
         self.n_envs = self.n_agents
+        self._check_policy_fits()
+
+    def _check_policy_fits(self) -> None:
+        """A ``ValueError`` naming ``policy`` when the policy class cannot act in the env's spaces."""
+        try:
+            self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs)
+        except ValueError as err:
+            raise ValueError(f"policy {self.policy_class.__name__} does not fit {self.env_id}: {err}") from err
+        except TypeError:
+            pass  # wrong policy_kwargs: reported with the argument's name when the policy is built
+
+    @property
+    def is_generic(self) -> bool:
+        """Whether the agents are Gymnasium envs sampled through a ``FederatedVecEnv`` (not a fedrl family)."""
+        return self.family is None
+
+    def _generic_env(self, agent_kwargs: Sequence[dict[str, Any]], n_envs: int | None = None, seed: int | None = None) -> Any:
+        """A fixed-horizon ``FederatedVecEnv`` of this model's Gymnasium id with the given agents."""
+        from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT
+        from wrappers import FederatedVecEnv
+
+        return FederatedVecEnv(self.env_id, n_envs or DEFAULT_ENVS_PER_AGENT, agent_kwargs=list(agent_kwargs),
+                               autoreset=False, seed=self.seed if seed is None else seed, device=self.device)
 
     def _migrate_saved_attributes(self) -> None:
         """Attributes of a file saved before a rename take their new names (the saved value wins
@@ -180,12 +219,16 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             self.__dict__.pop(name, None)
 
     def _make_federation(self) -> Federation:
-        federation = Federation(
-            self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma
+        if self.is_generic:
+            if self.fed_env is None:  # loaded from a file: the env is rebuilt from the agents' kwargs
+                self.fed_env = self._generic_env(self.agent_kwargs)
+            # Evaluation rollouts on an env of their own, so that they never change the training episodes.
+            eval_env = self._generic_env(self.agent_kwargs, self.fed_env.n_envs, combine_seed(self.seed, 1)) if self.eval_trajectories > 0 else None
+            return Federation.from_env(self.fed_env, self.policy, self.seed, self.gamma, self.horizon, eval_env)
+        return Federation(
+            self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma,
+            horizon_override=self.horizon, stop_when_done=self.stop_rollouts_when_done,
         )
-        federation.sampler.stop_when_done = self.stop_rollouts_when_done
-        federation.eval_sampler.stop_when_done = self.stop_rollouts_when_done
-        return federation
 
     def _setup_model(self) -> None:
         """Build the policy, the batched federation (random streams included) and the evaluator;
@@ -204,7 +247,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
     def _make_evaluator(self) -> TabularEvaluator | None:
         """Exact evaluator for tabular families (``None`` otherwise)."""
-        if not has_exact_model(self.family) or not isinstance(self.policy, TabularPolicy):
+        if self.is_generic or not has_exact_model(self.family) or not isinstance(self.policy, TabularPolicy):
             return None
         tasks = [index_params(self.agent_params, i) for i in range(self.n_agents)]
         return TabularEvaluator(self.family, gamma=self.gamma, tasks=tasks)
@@ -246,7 +289,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
     @property
     def steps_per_trajectory(self) -> int:
-        return self.family.horizon(self.agent_params) + 1
+        """``H + 1``: the steps of one (fixed-horizon) episode."""
+        return self.federation.horizon + 1
 
     @property
     def timesteps_per_round(self) -> int:
@@ -323,6 +367,12 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
     # --- personalization -----------------------------------------------------------------------
     def _resolve_tasks(self, task: Any) -> Any:
+        if self.is_generic:
+            if isinstance(task, int | np.integer) and not isinstance(task, bool):
+                return dict(self.agent_kwargs[check_int("task", task, 0, self.n_agents - 1)])
+            if isinstance(task, dict):
+                return dict(task)
+            raise TypeError(f"task must be a training-agent index or a dict of gym.make keyword arguments of {self.env_id}; got {type(task).__name__}")
         if isinstance(task, int | np.integer) and not isinstance(task, bool):
             if not 0 <= task < self.n_agents:
                 raise ValueError(f"task must be an agent index in [0, {self.n_agents - 1}], got {task}")
@@ -370,16 +420,26 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 raise ValueError(f"step_size must be given: {type(self).__name__} learns no adaptation step size of its own")
         else:
             step_size = check_non_negative("step_size", step_size)
-        params = params_to(stack_params(tasks), self.device)
         theta = self.policy.theta.detach().expand(len(tasks), -1).clone()
         if n_trajectories > 0 and steps > 0:
             counter = self.__dict__.get("_adapt_calls", 0)
             self._adapt_calls = counter + 1
             key_seed = seed if seed is not None else combine_seed(self.seed, _ADAPT_STREAM + counter)
             streams = RandomStreams(derive_keys(key_seed, torch.arange(len(tasks)) + _ADAPT_STREAM), self.device)
-            theta, _ = adapt_parameters(
-                self.family, params, self.policy, theta, streams, n_trajectories, steps, step_size, self.gamma
-            )
+            if self.is_generic:
+                from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT
+
+                env = self._generic_env(tasks, min(n_trajectories, DEFAULT_ENVS_PER_AGENT), key_seed)
+                try:
+                    sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed)
+                    theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma)
+                finally:
+                    env.close()
+            else:
+                params = params_to(stack_params(tasks), self.device)
+                theta, _ = adapt_parameters(
+                    self.family, params, self.policy, theta, streams, n_trajectories, steps, step_size, self.gamma
+                )
         adapted = []
         for row in theta:
             clone = copy.deepcopy(self.policy)
@@ -415,7 +475,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         The one it was built with, or (when built from an id or a family) a native
         :class:`~fedrl_envs.FamilyVectorEnv` with one environment per agent, made on first use.
         """
-        if self.fed_env is None:
+        if self.fed_env is None and not self.is_generic:
             self.fed_env = FamilyVectorEnv(self.family, self.agent_params, n_envs=1, device=self.device, seed=self.seed)
         return self.fed_env
 

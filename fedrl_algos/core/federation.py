@@ -15,13 +15,14 @@ import torch
 
 from fedrl_algos.core.aggregation import aggregate
 from fedrl_algos.core.directions import GradientEstimator, local_update
+from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import TaskFamily, index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["Federation", "run_keys", "adapt_parameters", "combine_seed"]
+__all__ = ["Federation", "run_keys", "adapt_parameters", "adapt_with_sampler", "combine_seed"]
 
 # Stream indices within a run's seed: agents use 0..n-1; these offsets keep other consumers apart.
 _SERVER_STREAM = 1 << 40
@@ -37,32 +38,80 @@ def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0) -> torch.Tenso
 class Federation:
     """``R`` independent runs of an ``n``-agent federation on one device.
 
-    :param family: task family
-    :param agent_params: per-agent task parameters stacked ``[n]``
+    The agents are either a fedrl family's tasks (``family`` and ``agent_params``: every run and
+    agent sampled through the family's kernels in one program) or the agents of any Gymnasium
+    environment (:meth:`from_env`: a :class:`~wrappers.FederatedVecEnv`, one run).
+
+    :param family: task family (``None`` with ``env``)
+    :param agent_params: per-agent task parameters stacked ``[n]`` (``None`` with ``env``)
     :param policy: flat policy shared by all agents
     :param seeds: one integer seed per run ``[R]``
     :param gamma: discount
+    :param env: the federated env of a Gymnasium-env federation (see :meth:`from_env`)
+    :param eval_env: a second env for evaluation rollouts (so that evaluating never changes the
+        training episodes); ``None``: evaluation shares ``env``
+    :param horizon_override: last time index H of an episode (default: the family's or the env's)
+    :param stop_when_done: a family's rollouts stop once every episode of the batch ended (see
+        :func:`~fedrl_algos.core.sampling.rollout`; the trajectories are the same)
     """
 
-    family: TaskFamily
+    family: TaskFamily | None
     agent_params: Any
     policy: Any
     seeds: torch.Tensor
     gamma: float = 0.9
+    env: Any = None
+    eval_env: Any = None
+    horizon_override: int | None = None
+    stop_when_done: bool = False
 
     def __post_init__(self) -> None:
         self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
-        first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
-        self.n_agents = int(first.shape[0])
         self.n_runs = int(self.seeds.shape[0])
         self.device = self.policy.theta.device
-        rows = torch.arange(self.n_agents).repeat(self.n_runs)
-        self.row_params = index_params(self.agent_params, rows.to(first.device))
+        if self.env is not None:
+            self.n_agents = int(self.env.n_agents)
+        else:
+            first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
+            self.n_agents = int(first.shape[0])
         self.streams = RandomStreams(run_keys(self.seeds, self.n_agents), self.device)
         self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
         self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM), self.device)
-        self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams)
-        self.eval_sampler = KernelSampler(self.family, self.row_params, self.policy, self.eval_streams)
+        if self.env is not None:
+            if self.n_runs != 1:
+                raise ValueError(f"seeds must hold one seed for a federation over a Gymnasium env, got {self.n_runs}")
+            seed = int(self.seeds[0])
+            self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed)
+            self.eval_sampler = EnvSampler(
+                self.eval_env if self.eval_env is not None else self.env, self.policy, self.eval_streams, self.horizon_override,
+                env_seed=combine_seed(seed, _EVAL_STREAM),
+            )
+            self.row_params = None
+            return
+        rows = torch.arange(self.n_agents).repeat(self.n_runs)
+        self.row_params = index_params(self.agent_params, rows.to(next(iter(self._tensors())).device))
+        self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams, self.horizon_override, self.stop_when_done)
+        self.eval_sampler = KernelSampler(
+            self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done
+        )
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor)]
+
+    @classmethod
+    def from_env(
+        cls, env: Any, policy: Any, seed: int, gamma: float, horizon: int | None = None, eval_env: Any = None
+    ) -> Federation:
+        """A one-run federation over the agents of a :class:`~wrappers.FederatedVecEnv` (any backend).
+
+        :param env: the federated env (its ``n_agents`` agents, ``n_envs`` environments each)
+        :param policy: the flat policy
+        :param seed: the run's seed (action streams, and the envs' first reset)
+        :param gamma: discount
+        :param horizon: last time index H (default: the env's ``max_episode_steps − 1``)
+        :param eval_env: a separate env for evaluation rollouts (default: ``env``)
+        """
+        return cls(None, None, policy, torch.tensor([int(seed)]), gamma, env=env, eval_env=eval_env, horizon_override=horizon)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """Random-stream state of every consumer (training, server sampling, evaluation)."""
@@ -80,6 +129,11 @@ class Federation:
 
     @property
     def horizon(self) -> int:
+        """Last time index H of an episode."""
+        if self.env is not None:
+            return int(self.sampler.horizon)
+        if self.horizon_override is not None:
+            return int(self.horizon_override)
         return int(self.family.horizon(self.agent_params))
 
     def broadcast(self, theta: torch.Tensor) -> torch.Tensor:
@@ -152,6 +206,34 @@ class Federation:
         return theta + alpha * policy_gradient(self.policy, theta, traj, self.gamma)
 
 
+def adapt_with_sampler(
+    sampler: Any,
+    policy: Any,
+    theta: torch.Tensor,
+    n_trajectories: int,
+    steps: int = 1,
+    step_size: float = 1.0,
+    gamma: float = 0.9,
+) -> tuple[torch.Tensor, list[Trajectories]]:
+    """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps (eq. (2)) drawn from ``sampler``.
+
+    :param sampler: draws ``sampler(theta, m)`` trajectories of the tasks to adapt to
+    :param policy: the flat policy
+    :param theta: starting parameters ``[*B, d]``
+    :param n_trajectories: trajectories per step
+    :param steps: number of steps
+    :param step_size: step size α
+    :param gamma: discount
+    :return: adapted parameters ``[*B, d]`` and the trajectories used
+    """
+    used = []
+    for _ in range(steps):
+        traj = sampler(theta, n_trajectories)
+        theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
+        used.append(traj)
+    return theta, used
+
+
 def adapt_parameters(
     family: TaskFamily,
     params: Any,
@@ -163,7 +245,7 @@ def adapt_parameters(
     step_size: float = 1.0,
     gamma: float = 0.9,
 ) -> tuple[torch.Tensor, list[Trajectories]]:
-    """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps of ``n_trajectories`` each.
+    """:func:`adapt_with_sampler` through a family's kernels on the task rows ``params``.
 
     :param family: task family
     :param params: task parameters stacked over the flattened batch rows
@@ -177,13 +259,7 @@ def adapt_parameters(
 
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """
-    used = []
-    sampler = KernelSampler(family, params, policy, streams)
-    for _ in range(steps):
-        traj = sampler(theta, n_trajectories)
-        theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
-        used.append(traj)
-    return theta, used
+    return adapt_with_sampler(KernelSampler(family, params, policy, streams), policy, theta, n_trajectories, steps, step_size, gamma)
 
 
 def combine_seed(seed: int, salt: int) -> int:

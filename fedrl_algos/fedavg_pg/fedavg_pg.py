@@ -68,6 +68,11 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
     :param seed: seed of every random stream
     :param device: torch device
     :param verbose: verbosity
+    :param agent_kwargs: with an env id: one dict per agent (``make_params`` arguments of a fedrl
+        family, ``gym.make`` arguments of a Gymnasium env)
+    :param n_agents: with a Gymnasium id: that many identical agents
+    :param horizon: last time index H of the sampled episodes (default: the family's, or the
+        Gymnasium env's ``max_episode_steps − 1``)
     :param deprecated_kwargs: ``beta`` (now ``step_size``), ``tau`` (now ``local_steps``) and
         ``m_in``/``m_h``/``m_out`` (now their sum ``n_trajectories``; missing ones count 10, as
         before), accepted with a ``DeprecationWarning`` for one release
@@ -108,6 +113,9 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         seed: int | None = None,
         device: torch.device | str = "auto",
         verbose: int = 0,
+        agent_kwargs: Sequence[dict[str, Any]] | None = None,
+        n_agents: int | None = None,
+        horizon: int | None = None,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -143,6 +151,9 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
             seed=seed,
             device=device,
             verbose=verbose,
+            agent_kwargs=agent_kwargs,
+            n_agents=n_agents,
+            horizon=horizon,
             _init_setup_model=_init_setup_model,
         )
 

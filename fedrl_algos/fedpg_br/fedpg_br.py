@@ -19,7 +19,7 @@ from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
-from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_server_sampler
+from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.core import check_int
 
@@ -71,6 +71,11 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     :param seed: seed of every random stream of the run
     :param device: torch device
     :param verbose: 0 silent, 1 logger output to stdout
+    :param agent_kwargs: with an env id: one dict per agent (``make_params`` arguments of a fedrl
+        family, ``gym.make`` arguments of a Gymnasium env)
+    :param n_agents: with a Gymnasium id: that many identical agents
+    :param horizon: last time index H of the sampled episodes (default: the family's, or the
+        Gymnasium env's ``max_episode_steps − 1``)
     :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
         ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
         rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
@@ -116,6 +121,9 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         seed: int | None = None,
         device: torch.device | str = "auto",
         verbose: int = 0,
+        agent_kwargs: Sequence[dict[str, Any]] | None = None,
+        n_agents: int | None = None,
+        horizon: int | None = None,
         server_optimizer: str = "sgd",
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
@@ -163,6 +171,9 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
             seed=seed,
             device=device,
             verbose=verbose,
+            agent_kwargs=agent_kwargs,
+            n_agents=n_agents,
+            horizon=horizon,
             _init_setup_model=_init_setup_model,
         )
 
@@ -201,10 +212,16 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
 
     def _make_server_sampler(self) -> None:
         self._check_agents()
-        self.server_sampler = make_server_sampler(
-            self.family, self.federation.agent_params, self.policy, torch.tensor([self.seed]), self.inner_batch_size,
-            self.server_task, self.device,
-        )
+        if self.is_generic:
+            # The server's own environments (the paper's server samples trajectories itself).
+            tasks = server_task_indices(self.n_agents, self.inner_batch_size, self.server_task)
+            server_env = self._generic_env([self.agent_kwargs[k] for k in tasks], n_envs=1, seed=self.seed ^ 1)
+            self.server_sampler = make_env_server_sampler(server_env, self.policy, self.seed, self.inner_batch_size, self.server_task, self.horizon)
+        else:
+            self.server_sampler = make_server_sampler(
+                self.family, self.federation.agent_params, self.policy, torch.tensor([self.seed]), self.inner_batch_size,
+                self.server_task, self.device,
+            )
         self.noise_streams = attack_streams(self.federation.streams)
         self.byzantine_mask = torch.zeros(self.n_agents, dtype=torch.bool, device=self.device)
         if self.byzantine_agents:

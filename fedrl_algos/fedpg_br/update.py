@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedrl_algos.core.attacks import Attack, make_attack
+from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.core.sampling import KernelSampler, Sampler
@@ -30,6 +31,8 @@ __all__ = [
     "geometric_inner_steps",
     "server_trajectories",
     "make_server_sampler",
+    "make_env_server_sampler",
+    "server_task_indices",
 ]
 
 # Stream index offset of the server's own trajectories (agents use 0..n-1).
@@ -142,10 +145,31 @@ def make_server_sampler(
     seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
     n = int(next(v for v in vars(agent_params).values() if isinstance(v, torch.Tensor)).shape[0])
     b = inner_batch_size
-    tasks = torch.arange(b) % n if server_task is None else torch.full((b,), int(server_task))
+    tasks = torch.tensor(server_task_indices(n, b, server_task))
     params = index_params(agent_params, tasks.repeat(seeds.numel()).to(device))
     streams = RandomStreams(derive_keys(seeds.reshape(-1, 1), torch.arange(b).reshape(1, -1) + _SERVER_TRAJ_STREAM), device)
     return KernelSampler(family, params, policy, streams, stop_when_done=True)
+
+
+def server_task_indices(n_agents: int, inner_batch_size: int, server_task: int | None = None) -> list[int]:
+    """The task of each of the server's ``b`` trajectories: agent ``j mod n``'s, or ``server_task``'s."""
+    if server_task is not None:
+        return [int(server_task)] * inner_batch_size
+    return [j % n_agents for j in range(inner_batch_size)]
+
+
+def make_env_server_sampler(
+    env: Any, policy: Any, seed: int, inner_batch_size: int, server_task: int | None = None, horizon: int | None = None
+) -> EnvSampler:
+    """The server's sampler of a federation over a Gymnasium env: one environment per server trajectory.
+
+    ``env`` is the server's own :class:`~wrappers.FederatedVecEnv` with one agent per server
+    trajectory (``agent_kwargs`` of the tasks of :func:`server_task_indices`, one env each); the
+    streams are keyed as in :func:`make_server_sampler`.
+    """
+    streams = RandomStreams(derive_keys(torch.tensor([[int(seed)]]), torch.arange(inner_batch_size).reshape(1, -1) + _SERVER_TRAJ_STREAM),
+                            policy.theta.device)
+    return EnvSampler(env, policy, streams, horizon, env_seed=int(seed) ^ _SERVER_TRAJ_STREAM)
 
 
 def server_trajectories(sampler: Sampler, theta: torch.Tensor, n_trajectories: int) -> Trajectories:

@@ -7,7 +7,7 @@ The update is :mod:`fedrl_algos.mfpo.update`. Docs: ``docs/algorithms/mfpo.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -67,6 +67,11 @@ class MFPO(FederatedAlgorithm):
     :param seed: seed of every random stream of the run (drawn at random when ``None``)
     :param device: torch device
     :param verbose: 0 silent, 1 logger output to stdout
+    :param agent_kwargs: with an env id: one dict per agent (``make_params`` arguments of a fedrl
+        family, ``gym.make`` arguments of a Gymnasium env)
+    :param n_agents: with a Gymnasium id: that many identical agents
+    :param horizon: last time index H of the sampled episodes (default: the family's, or the
+        Gymnasium env's ``max_episode_steps − 1``)
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -99,6 +104,9 @@ class MFPO(FederatedAlgorithm):
         seed: int | None = None,
         device: torch.device | str = "auto",
         verbose: int = 0,
+        agent_kwargs: Sequence[dict[str, Any]] | None = None,
+        n_agents: int | None = None,
+        horizon: int | None = None,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = as_step_size(step_size)
@@ -128,6 +136,9 @@ class MFPO(FederatedAlgorithm):
             seed=seed,
             device=device,
             verbose=verbose,
+            agent_kwargs=agent_kwargs,
+            n_agents=n_agents,
+            horizon=horizon,
             _init_setup_model=_init_setup_model,
         )
 

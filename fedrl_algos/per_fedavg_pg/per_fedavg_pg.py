@@ -6,6 +6,7 @@ Docs: ``docs/algorithms/per_fedavg_pg.md``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -59,6 +60,11 @@ class PerFedAvgPG(FederatedAlgorithm):
     :param seed: seed of every random stream of the run (drawn at random when ``None``)
     :param device: torch device (``"auto"``: CUDA when available)
     :param verbose: 0 silent, 1 logger output to stdout
+    :param agent_kwargs: with an env id: one dict per agent (``make_params`` arguments of a fedrl
+        family, ``gym.make`` arguments of a Gymnasium env)
+    :param n_agents: with a Gymnasium id: that many identical agents
+    :param horizon: last time index H of the sampled episodes (default: the family's, or the
+        Gymnasium env's ``max_episode_steps − 1``)
     :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
         accepted with a ``DeprecationWarning`` for one release
 
@@ -93,6 +99,9 @@ class PerFedAvgPG(FederatedAlgorithm):
         seed: int | None = None,
         device: torch.device | str = "auto",
         verbose: int = 0,
+        agent_kwargs: Sequence[dict[str, Any]] | None = None,
+        n_agents: int | None = None,
+        horizon: int | None = None,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -120,6 +129,9 @@ class PerFedAvgPG(FederatedAlgorithm):
             seed=seed,
             device=device,
             verbose=verbose,
+            agent_kwargs=agent_kwargs,
+            n_agents=n_agents,
+            horizon=horizon,
             _init_setup_model=_init_setup_model,
         )
 

@@ -1,0 +1,115 @@
+"""Sampling from any Gymnasium environment through the federated vector env's rollouts.
+
+:class:`EnvSampler` is the :class:`~fedrl_algos.core.sampling.Sampler` of a federation whose agents
+are Gymnasium environments rather than a fedrl family's kernels: a MuJoCo or Atari task, CartPole
+with per-agent physics, or a user's own env. Each call rolls out fixed-horizon episodes on the
+:class:`~wrappers.FederatedVecEnv` (``n_agents × n_envs`` environments, every agent's own vector env
+stepped sync or in async processes), with **one batched policy forward per time step** for all
+agents and trajectories, and assembles the same :class:`~fedrl_algos.core.trajectories.Trajectories`
+batch as the kernel sampler: steps after an episode ended are masked (``alive_mask`` of the
+termination *and* truncation flags, so an env that resets itself contributes its first episode
+only), and every action is drawn from the agents' counter-based random streams.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from fedrl_algos.core.sampling import Sampler
+from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_envs.core import check_int
+from fedrl_envs.rng import RandomStreams
+from wrappers.federated import FederatedVecEnv
+
+__all__ = ["EnvSampler", "episode_horizon"]
+
+
+def episode_horizon(env: FederatedVecEnv, horizon: int | None = None) -> int:
+    """The last time index H of a federation's episodes (``H + 1`` steps are collected).
+
+    :param env: the federated env
+    :param horizon: an explicit H (overrides the env's); ``None``: the env's ``max_episode_steps − 1``
+    :raise ValueError: naming ``horizon`` when neither gives one
+    """
+    if horizon is not None:
+        return check_int("horizon", horizon, 0)
+    if env.horizon is None:
+        raise ValueError(
+            f"horizon must be given: {env.env_id} has no max_episode_steps (register it with one, wrap it in "
+            "gymnasium.wrappers.TimeLimit, or pass horizon=H to collect H + 1 steps per episode)"
+        )
+    return int(env.horizon)
+
+
+@dataclass
+class EnvSampler(Sampler):
+    """Samples ``m`` episodes per agent from a :class:`~wrappers.FederatedVecEnv`: ``sampler(theta, m)``.
+
+    ``theta`` is ``[n_agents, d]`` or ``[1, n_agents, d]`` (one federation: its environments are real
+    objects, so runs over seeds are not batched here). With ``n_envs`` environments per agent a call
+    makes ``ceil(m / n_envs)`` passes of ``H + 1`` steps. The first call resets the envs with
+    ``env_seed``; later calls continue their Gymnasium random number generators, so a sampler gives
+    the same episodes for the same seeds and calls.
+
+    :param env: the federated env (either backend; ``autoreset`` either way)
+    :param policy: the flat policy
+    :param streams: one random stream per agent (``batch_shape`` ``[n_agents]`` or ``[1, n_agents]``)
+    :param horizon: last time index H of an episode (default: the env's, see :func:`episode_horizon`)
+    :param env_seed: seed of the first reset (``None``: the env's own seed)
+    """
+
+    env: FederatedVecEnv
+    policy: Any
+    streams: RandomStreams
+    horizon: int | None = None
+    env_seed: int | None = None
+    _reset_seed_used: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.horizon = episode_horizon(self.env, self.horizon)
+        if self.env.max_episode_steps is not None and self.horizon + 1 > self.env.max_episode_steps and not self.env.autoreset:
+            raise ValueError(
+                f"horizon must be < max_episode_steps = {self.env.max_episode_steps} of {self.env.env_id} in its "
+                f"fixed-horizon mode, got {self.horizon}"
+            )
+
+    def with_policy(self, policy: Any) -> EnvSampler:
+        return replace(self, policy=policy)
+
+    def _check_batch(self, theta: torch.Tensor) -> tuple[int, ...]:
+        batch = tuple(theta.shape[:-1])
+        n = self.env.n_agents
+        if batch[-1:] != (n,) or math.prod(batch[:-1]) != 1:
+            raise ValueError(
+                f"theta must be [{n}, d] or [1, {n}, d] for the federated env's {n} agents (one run), got {tuple(theta.shape)}"
+            )
+        return batch
+
+    def __call__(self, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
+        batch = self._check_batch(theta)
+        m = check_rollout_batch(theta, self.streams, n_trajectories)
+        n, n_envs, steps = self.env.n_agents, self.env.n_envs, self.horizon + 1
+        lead = batch[:-1]
+        theta = theta.detach()
+
+        def act(obs: torch.Tensor) -> torch.Tensor:  # obs [n, n_envs, *obs_shape]
+            obs = obs.to(theta.device).reshape(*lead, n, n_envs, *obs.shape[2:])
+            action = self.policy.sample(theta, obs, self.streams)  # [*lead, n, n_envs, *action_shape]
+            return action.reshape(n * n_envs, *action.shape[len(batch) + 1 :])
+
+        parts = []
+        for _ in range(-(-m // n_envs)):
+            seed = None if self._reset_seed_used else self.env_seed
+            self._reset_seed_used = True
+            parts.append(self.env.rollout(act, n_steps=steps, seed=seed))
+
+        def stack(field_name: str) -> torch.Tensor:  # [n, passes · n_envs, T, ...] → first m, on θ's device
+            value = torch.cat([getattr(p, field_name) for p in parts], dim=1)[:, :m]
+            return value.to(theta.device).reshape(*lead, n, m, *value.shape[2:])
+
+        done = stack("terminated") | stack("truncated")
+        return Trajectories.from_steps(stack("observations"), stack("actions"), stack("rewards"), done, theta.dtype)
