@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
-from fedrl_algos.policies.heads import ActionHeadMixin, GaussianHead, check_log_std_bounds
+from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["CONV_BATCHINGS", "CnnPolicy", "NATURE_CONVS", "orthogonal_matrix"]
@@ -134,23 +134,15 @@ class CnnPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             sizes.append((_conv_out(sizes[-1][0], kernel, stride), _conv_out(sizes[-1][1], kernel, stride)))
         if min(sizes[-1]) < 1:
             raise ValueError(f"policy CnnPolicy needs observation_space images of at least 36×36 (the Nature CNN's receptive field), got {observation_space.shape}")
-        if isinstance(action_space, spaces.Discrete):
-            self.gaussian, out_dim = False, int(action_space.n)
-        elif isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-            self.gaussian, out_dim = True, int(action_space.shape[0])
-        else:
-            raise ValueError(f"policy CnnPolicy needs a Discrete or flat Box action space, got {action_space}")
+        self.gaussian, out_dim, self.action_head = action_head_for(action_space, squash, "CnnPolicy")
         if isinstance(features_dim, bool) or not isinstance(features_dim, int | np.integer) or features_dim < 1:
             raise ValueError(f"features_dim must be a positive int, got {features_dim!r}")
         if not (isinstance(init_gains, Sequence) and len(init_gains) == 2 and all(math.isfinite(float(g)) and float(g) > 0 for g in init_gains)):
             raise ValueError(f"init_gains must be a pair of positive numbers (features, head), got {init_gains!r}")
-        if squash is not None and not self.gaussian:
-            raise ValueError(f"squash applies to Box action spaces only (a Gaussian head), got squash={squash!r} with {action_space}")
         self.features_dim = int(features_dim)
         self.init_seed, self.init_gains = int(init_seed), (float(init_gains[0]), float(init_gains[1]))
         self.log_std_init = float(log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
-        self.action_head = GaussianHead(action_space, squash, "CnnPolicy") if self.gaussian else None
         self.squash, self.action_dim = squash, out_dim
         self._obs_scale = 255.0 if normalize_images and observation_space.dtype == np.uint8 else None
         # (shape of the weight in θ, bias size) per layer, in θ order.

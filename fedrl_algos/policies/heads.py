@@ -27,7 +27,7 @@ from gymnasium import spaces
 
 from fedrl_envs.rng import RandomStreams
 
-__all__ = ["SQUASHES", "ActionHeadMixin", "GaussianHead", "check_log_std_bounds", "log1m_tanh_squared"]
+__all__ = ["SQUASHES", "ActionHeadMixin", "GaussianHead", "action_head_for", "check_log_std_bounds", "log1m_tanh_squared"]
 
 #: Values of the ``squash`` argument: ``None`` (an unbounded Gaussian) or ``"tanh"``.
 SQUASHES = (None, "tanh")
@@ -145,6 +145,22 @@ class GaussianHead:
     def mode(self, mean: torch.Tensor) -> torch.Tensor:
         """The deterministic action: the mean, squashed if asked."""
         return mean if self.squash is None else self.squash_action(mean)
+
+
+def action_head_for(action_space: spaces.Space, squash: str | None, policy_name: str) -> tuple[bool, int, GaussianHead | None]:
+    """The head a network policy puts on ``action_space``: ``(gaussian, output size, Gaussian head or None)``.
+
+    :param action_space: ``Discrete(A)`` (categorical, ``A`` logits) or a flat ``Box(k,)`` (Gaussian, ``k`` means)
+    :param squash: ``None`` or ``"tanh"`` (``Box`` only)
+    :param policy_name: the policy's class name, for error messages
+    """
+    if isinstance(action_space, spaces.Discrete):
+        if squash is not None:
+            raise ValueError(f"squash applies to Box action spaces only (a Gaussian head), got squash={squash!r} with {action_space}")
+        return False, int(action_space.n), None
+    if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
+        return True, int(action_space.shape[0]), GaussianHead(action_space, squash, policy_name)
+    raise ValueError(f"policy {policy_name} needs a Discrete or flat Box action space, got {action_space}")
 
 
 class ActionHeadMixin:

@@ -18,7 +18,7 @@ from torch import nn
 from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
-from fedrl_algos.policies.heads import ActionHeadMixin, GaussianHead, check_log_std_bounds
+from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_envs.rng import RandomStreams, derive_keys
 
@@ -117,14 +117,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     ) -> None:
         if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
             raise ValueError(f"policy MlpPolicy needs a flat Box observation space, got {observation_space}")
-        if isinstance(action_space, spaces.Discrete):
-            self.gaussian = False
-            out_dim = int(action_space.n)
-        elif isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-            self.gaussian = True
-            out_dim = int(action_space.shape[0])
-        else:
-            raise ValueError(f"policy MlpPolicy needs a Discrete or flat Box action space, got {action_space}")
+        self.gaussian, out_dim, self.action_head = action_head_for(action_space, squash, "MlpPolicy")
         self.activation_name, self.activation_fn, self._activation = resolve_activation(activation, activation_fn)
         self.sizes = [int(observation_space.shape[0]), *[int(h) for h in net_arch], out_dim]
         n_layers = len(self.sizes) - 1
@@ -136,9 +129,6 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         self.net_arch, self.init_std = list(net_arch), stds
         self.init_seed, self.log_std_init = int(init_seed), float(log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
-        if squash is not None and not self.gaussian:
-            raise ValueError(f"squash applies to Box action spaces only (a Gaussian head), got squash={squash!r} with {action_space}")
-        self.action_head = GaussianHead(action_space, squash, "MlpPolicy") if self.gaussian else None
         self.squash = squash
         self.action_dim = out_dim
         super().__init__(observation_space, action_space, dtype)
