@@ -138,6 +138,9 @@ class FlatPolicy(BasePolicy):
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
+        # SB3's BaseModel records normalize_images, which a flat policy does not take (a policy that
+        # preprocesses images, CnnPolicy, records its own); without this, BasePolicy.load fails.
+        data.pop("normalize_images", None)
         data.update(dtype=self.param_dtype)
         return data
 

@@ -8,23 +8,63 @@ closed forms (:mod:`fedrl_algos.policies.mlp_kernels`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from gymnasium import spaces
+from torch import nn
 
 from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
+from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp"]
+__all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
+
+# The activations known by name; their functions are what the closed forms of mlp_kernels assume.
+_NAMED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
+_ACTIVATION_NAMES: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 
 
-class MlpPolicy(CategoricalMixin, FlatPolicy):
+def resolve_activation(
+    activation: str | None, activation_fn: type[nn.Module] | None
+) -> tuple[str | None, type[nn.Module] | None, Callable[[torch.Tensor], torch.Tensor]]:
+    """The hidden activation from fedrl's ``activation`` name or SB3's ``activation_fn`` class.
+
+    ``torch.nn.Tanh`` and ``torch.nn.ReLU`` are the same as ``"tanh"`` and ``"relu"`` (so the
+    paper's network keeps its closed forms whichever way it is named); any other ``torch.nn``
+    module class without parameters (``nn.ELU``, ``nn.SiLU``, ...) is instantiated once and applied.
+
+    :param activation: ``"tanh"``, ``"relu"`` or ``None``
+    :param activation_fn: a ``torch.nn.Module`` subclass or ``None``
+    :return: ``(name or None, class or None, function)``; neither given means ``"tanh"``
+    """
+    if activation is not None and activation_fn is not None:
+        raise ValueError(f"give activation or activation_fn, not both (got activation={activation!r}, activation_fn={activation_fn!r})")
+    if activation_fn is None:
+        name = "tanh" if activation is None else activation
+        if name not in _NAMED_ACTIVATIONS:
+            raise ValueError(f"activation must be 'tanh' or 'relu', got {activation!r}")
+        return name, None, _NAMED_ACTIVATIONS[name]
+    if not (isinstance(activation_fn, type) and issubclass(activation_fn, nn.Module)):
+        raise ValueError(f"activation_fn must be a torch.nn.Module class such as torch.nn.Tanh or torch.nn.ReLU, got {activation_fn!r}")
+    if activation_fn in _ACTIVATION_NAMES:
+        name = _ACTIVATION_NAMES[activation_fn]
+        return name, None, _NAMED_ACTIVATIONS[name]
+    try:
+        module = activation_fn()
+    except TypeError as err:
+        raise ValueError(f"activation_fn must be constructible without arguments, got {activation_fn!r}: {err}") from err
+    if any(True for _ in module.parameters()):
+        # Its weights would live outside the flat θ, untrained and unsaved.
+        raise ValueError(f"activation_fn must have no parameters (they would not be part of θ), got {activation_fn.__name__}")
+    return None, activation_fn, module.forward
+
+
+class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     """Multilayer perceptron with a softmax (``Discrete`` actions) or Gaussian (``Box``) head.
 
     The default architecture and initialization are the paper's arc-navigation network:
@@ -41,15 +81,23 @@ class MlpPolicy(CategoricalMixin, FlatPolicy):
     exact, gradient included: beyond a bound the objective does not depend on the parameter, so
     its gradient is zero there and a parameter that steps past a bound stays where it is.
 
+    With ``squash="tanh"`` the Gaussian sample ``u`` becomes the action ``low + (high − low)(tanh(u) + 1)/2``
+    and ``log π`` includes the change of variables (:class:`~fedrl_algos.policies.heads.GaussianHead`,
+    ``docs/policies.md``).
+
     :param observation_space: a flat ``Box``
     :param action_space: ``Discrete(A)`` or a ``Box``
-    :param net_arch: hidden layer sizes
-    :param activation: ``"tanh"`` or ``"relu"``
+    :param net_arch: hidden layer sizes (a list, as SB3's ``net_arch``)
+    :param activation: ``"tanh"`` or ``"relu"`` (default ``"tanh"``); give this or ``activation_fn``
+    :param activation_fn: the activation as SB3 names it, a ``torch.nn`` module class without
+        parameters (``torch.nn.Tanh``, ``torch.nn.ReLU``, ``torch.nn.ELU``, ...)
     :param init_std: standard deviation of each weight layer's initialization (first, ..., last);
         a single float applies to all layers
     :param init_seed: seed of the initialization
     :param log_std_init: initial log standard deviation (Gaussian head only)
     :param log_std_bounds: ``(low, high)`` clamp of the log standard deviation, or ``None``
+    :param squash: ``None`` (an unbounded Gaussian) or ``"tanh"`` (actions squashed into the
+        ``Box``'s bounds, which must be finite); ``Box`` actions only
     :param dtype: parameter dtype
     """
 
@@ -58,25 +106,19 @@ class MlpPolicy(CategoricalMixin, FlatPolicy):
         observation_space: spaces.Space,
         action_space: spaces.Space,
         net_arch: Sequence[int] = (32,),
-        activation: str = "tanh",
+        activation: str | None = None,
         init_std: float | Sequence[float] = (0.5, 0.1),
         init_seed: int = 0,
         log_std_init: float = 0.0,
         log_std_bounds: tuple[float, float] | None = (-20.0, 2.0),
+        squash: str | None = None,
+        activation_fn: type[nn.Module] | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
         if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
             raise ValueError(f"policy MlpPolicy needs a flat Box observation space, got {observation_space}")
-        if isinstance(action_space, spaces.Discrete):
-            self.gaussian = False
-            out_dim = int(action_space.n)
-        elif isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-            self.gaussian = True
-            out_dim = int(action_space.shape[0])
-        else:
-            raise ValueError(f"policy MlpPolicy needs a Discrete or flat Box action space, got {action_space}")
-        if activation not in ("tanh", "relu"):
-            raise ValueError(f"activation must be 'tanh' or 'relu', got {activation!r}")
+        self.gaussian, out_dim, self.action_head = action_head_for(action_space, squash, "MlpPolicy")
+        self.activation_name, self.activation_fn, self._activation = resolve_activation(activation, activation_fn)
         self.sizes = [int(observation_space.shape[0]), *[int(h) for h in net_arch], out_dim]
         n_layers = len(self.sizes) - 1
         stds = [float(init_std)] * n_layers if isinstance(init_std, int | float) else [float(s) for s in init_std]
@@ -84,20 +126,10 @@ class MlpPolicy(CategoricalMixin, FlatPolicy):
             stds = [stds[0]] * (n_layers - 1) + [stds[1]]
         if len(stds) != n_layers:
             raise ValueError(f"init_std must give one value per weight layer ({n_layers}), got {init_std}")
-        self.net_arch, self.activation_name, self.init_std = list(net_arch), activation, stds
+        self.net_arch, self.init_std = list(net_arch), stds
         self.init_seed, self.log_std_init = int(init_seed), float(log_std_init)
-        if log_std_bounds is not None:
-            if not (
-                isinstance(log_std_bounds, Sequence)
-                and len(log_std_bounds) == 2
-                and all(math.isfinite(float(b)) for b in log_std_bounds)
-                and float(log_std_bounds[0]) < float(log_std_bounds[1])
-            ):
-                raise ValueError(f"log_std_bounds must be a pair of finite numbers (low, high) with low < high, or None, got {log_std_bounds!r}")
-            log_std_bounds = (float(log_std_bounds[0]), float(log_std_bounds[1]))
-            if not log_std_bounds[0] <= self.log_std_init <= log_std_bounds[1]:
-                raise ValueError(f"log_std_init must lie in log_std_bounds {log_std_bounds}, got {self.log_std_init}")
-        self.log_std_bounds = log_std_bounds
+        self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
+        self.squash = squash
         self.action_dim = out_dim
         super().__init__(observation_space, action_space, dtype)
 
@@ -138,42 +170,13 @@ class MlpPolicy(CategoricalMixin, FlatPolicy):
         batch = theta.shape[:-1]
         m_shape = obs.shape[len(batch) : -1]
         x = obs.to(theta.dtype).reshape(*batch, -1, obs.shape[-1])
-        act = torch.tanh if self.activation_name == "tanh" else torch.relu
+        act = self._activation
         layers = self._layers(theta)
         for k, (w, b) in enumerate(layers):
             x = torch.matmul(x, w) + b.unsqueeze(-2)
             if k < len(layers) - 1:
                 x = act(x)
         return x.reshape(*batch, *m_shape, x.shape[-1])
-
-    def logits(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        return self.head(theta, obs)
-
-    def log_std(self, theta: torch.Tensor) -> torch.Tensor:
-        """The log standard deviation the Gaussian head acts with ``[*B, action_dim]`` (clamped to ``log_std_bounds``)."""
-        raw = theta[..., self.n_params - self.action_dim :]
-        return raw if self.log_std_bounds is None else raw.clamp(*self.log_std_bounds)
-
-    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        if not self.gaussian:
-            return super().log_prob(theta, obs, actions)
-        mean = self.head(theta, obs)
-        log_std = self.log_std(theta).reshape(*theta.shape[:-1], *([1] * (mean.dim() - theta.dim())), self.action_dim)
-        z = (actions.to(mean.dtype) - mean) * torch.exp(-log_std)
-        return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
-        if not self.gaussian:
-            return super().sample(theta, obs, streams)
-        mean = self.head(theta, obs)
-        log_std = self.log_std(theta).reshape(*theta.shape[:-1], *([1] * (mean.dim() - theta.dim())), self.action_dim)
-        noise = streams.normal(mean.shape[streams.keys.dim() :], dtype=mean.dtype)
-        return mean + torch.exp(log_std) * noise
-
-    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        if self.gaussian:
-            return self.head(theta, obs)
-        return super().mode(theta, obs)
 
     # --- closed forms of the paper's softmax MLP ------------------------------------------------
     @property
@@ -203,7 +206,11 @@ class MlpPolicy(CategoricalMixin, FlatPolicy):
             init_seed=self.init_seed,
             log_std_init=self.log_std_init,
             log_std_bounds=self.log_std_bounds,
+            squash=self.squash,
         )
+        if self.activation_name is None:
+            # An activation other than tanh/relu is saved as its class (SB3 saves activation_fn so too).
+            data.update(activation=None, activation_fn=self.activation_fn)
         return data
 
 

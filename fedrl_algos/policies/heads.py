@@ -1,0 +1,210 @@
+"""Action heads shared by the network policies: categorical logits or a diagonal Gaussian.
+
+A network policy (:class:`~fedrl_algos.policies.mlp.MlpPolicy`, :class:`~fedrl_algos.policies.cnn.CnnPolicy`)
+computes one output per action dimension with :meth:`head`; :class:`ActionHeadMixin` turns that output
+into a distribution — softmax logits for ``Discrete`` actions, the mean of a diagonal Gaussian for
+``Box`` actions — so the distribution math is written once for every architecture.
+
+The Gaussian (:class:`GaussianHead`) has a state-independent log standard deviation, the last
+``action_dim`` entries of θ, clamped to ``log_std_bounds``; with ``squash="tanh"`` (the MFPO paper's
+"Tanh Gaussian outputs") an action is
+
+    a = c + h · tanh(u),   u ~ N(μ(s), σ²),   c = (high + low) / 2,   h = (high − low) / 2
+
+(equal to ``low + (high − low)(tanh(u) + 1)/2``), and by the change of variables
+
+    log π(a|s) = log N(u; μ, σ²) − Σ_k log(1 − tanh²(u_k)) − Σ_k log h_k.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from fedrl_envs.rng import RandomStreams
+
+__all__ = ["SQUASHES", "ActionHeadMixin", "GaussianHead", "action_head_for", "check_log_std_bounds", "log1m_tanh_squared"]
+
+#: Values of the ``squash`` argument: ``None`` (an unbounded Gaussian) or ``"tanh"``.
+SQUASHES = (None, "tanh")
+
+_LOG2 = math.log(2.0)
+
+
+def log1m_tanh_squared(u: torch.Tensor) -> torch.Tensor:
+    """``log(1 − tanh²(u))`` computed stably as ``2 (log 2 − |u| − log1p(exp(−2|u|)))``.
+
+    The direct formula is ``log(0) = −inf`` once ``tanh(u)`` rounds to ±1 (|u| ≳ 9 in float32,
+    ≳ 19 in float64) and loses digits well before; this one (the identity ``1 − tanh² = 4 /
+    (e^u + e^−u)²``, written for ``|u|`` so nothing overflows) is accurate for every finite ``u``.
+    (``2 (log 2 − u − softplus(−2u))`` is the same function, but torch's ``softplus`` returns its
+    argument unchanged above 20, an error of ~1e-9.)
+
+    >>> import torch
+    >>> u = torch.tensor([0.0, 1.0, -30.0], dtype=torch.float64)
+    >>> log1m_tanh_squared(u)
+    tensor([  0.0000,  -0.8676, -58.6137], dtype=torch.float64)
+    """
+    a = u.abs()
+    return 2.0 * (_LOG2 - a - torch.log1p(torch.exp(-2.0 * a)))
+
+
+def check_log_std_bounds(log_std_bounds: Sequence[float] | None, log_std_init: float) -> tuple[float, float] | None:
+    """Validate ``log_std_bounds`` (a finite ``(low, high)`` with ``low < high``, or ``None``) and that
+    ``log_std_init`` lies inside them (else its gradient would be zero from the start).
+
+    :param log_std_bounds: the clamp of the log standard deviation, or ``None``
+    :param log_std_init: the initial log standard deviation
+    :return: the bounds as a pair of floats, or ``None``
+    """
+    if log_std_bounds is None:
+        return None
+    if not (
+        isinstance(log_std_bounds, Sequence)
+        and len(log_std_bounds) == 2
+        and all(math.isfinite(float(b)) for b in log_std_bounds)
+        and float(log_std_bounds[0]) < float(log_std_bounds[1])
+    ):
+        raise ValueError(f"log_std_bounds must be a pair of finite numbers (low, high) with low < high, or None, got {log_std_bounds!r}")
+    bounds = (float(log_std_bounds[0]), float(log_std_bounds[1]))
+    if not bounds[0] <= log_std_init <= bounds[1]:
+        raise ValueError(f"log_std_init must lie in log_std_bounds {bounds}, got {log_std_init}")
+    return bounds
+
+
+class GaussianHead:
+    """A diagonal Gaussian over a ``Box`` action space, optionally tanh-squashed into its bounds.
+
+    Actions passed to :meth:`log_prob` are actions in the environment's space. Squashed actions are
+    mapped back to ``u`` (rather than storing ``u`` beside the action: the trajectories an
+    estimator sees hold only actions) by ``u = atanh(clip((a − c)/h, −1 + ε, 1 − ε))`` with
+    ``ε = torch.finfo(dtype).eps`` (2.2e-16 in float64, 1.2e-7 in float32). :meth:`sample` applies
+    the same clip to ``tanh(u)``, so an action the policy sampled never sits on a bound and its
+    log-probability is that of the clipped ``u``: exact up to rounding for ``|u| < atanh(1 − ε)``
+    (≈ 18.7 in float64, ≈ 8.3 in float32); beyond, the policy acts as if ``u`` were at that limit.
+
+    :param action_space: a flat ``Box`` (finite bounds with ``high > low`` when squashed)
+    :param squash: ``None`` or ``"tanh"``
+    :param policy_name: the policy's class name, for error messages
+    """
+
+    def __init__(self, action_space: spaces.Box, squash: str | None = None, policy_name: str = "policy") -> None:
+        if squash not in SQUASHES:
+            raise ValueError(f"squash must be one of {SQUASHES}, got {squash!r}")
+        self.squash = squash
+        self.action_dim = int(action_space.shape[0])
+        if squash is not None:
+            low, high = np.asarray(action_space.low, dtype=np.float64), np.asarray(action_space.high, dtype=np.float64)
+            if not (np.isfinite(low).all() and np.isfinite(high).all() and (high > low).all()):
+                raise ValueError(
+                    f"squash={squash!r} maps actions into the action space's bounds, so {policy_name} needs finite bounds "
+                    f"with high > low in every dimension; got {action_space} (use squash=None for unbounded actions)"
+                )
+            self._low, self._high = torch.from_numpy(low), torch.from_numpy(high)
+            self._center, self._half = (self._high + self._low) / 2, (self._high - self._low) / 2
+
+    def _bounds(self, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(x.to(like) for x in (self._center, self._half, self._low, self._high))
+
+    def squash_action(self, u: torch.Tensor) -> torch.Tensor:
+        """``u`` (pre-squash) → the action ``c + h · clip(tanh(u), −1 + ε, 1 − ε)``, inside the bounds."""
+        center, half, low, high = self._bounds(u)
+        eps = torch.finfo(u.dtype).eps
+        a = center + half * torch.tanh(u).clamp(-1.0 + eps, 1.0 - eps)
+        # Rounding of c + h·t can step one ulp past a bound; the clamp keeps actions in the space.
+        return torch.minimum(torch.maximum(a, low), high)
+
+    def unsquash_action(self, actions: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`squash_action`: actions → ``u = atanh(clip((a − c)/h, −1 + ε, 1 − ε))``."""
+        center, half, _, _ = self._bounds(actions)
+        eps = torch.finfo(actions.dtype).eps
+        return torch.atanh(((actions - center) / half).clamp(-1.0 + eps, 1.0 - eps))
+
+    def log_prob(self, mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``log π(a|s)`` ``[...]`` for ``mean [..., A]``, ``log_std`` broadcastable to it, ``actions [..., A]``."""
+        actions = actions.to(mean.dtype)
+        if self.squash is None:
+            z = (actions - mean) * torch.exp(-log_std)
+            return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        u = self.unsquash_action(actions)
+        z = (u - mean) * torch.exp(-log_std)
+        log_normal = (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        _, half, _, _ = self._bounds(mean)
+        return log_normal - log1m_tanh_squared(u).sum(-1) - torch.log(half).sum()
+
+    def sample(self, mean: torch.Tensor, log_std: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        """Actions ``[..., A]``: ``u = μ + σ·z`` with ``z`` from each row's stream, squashed if asked."""
+        noise = streams.normal(mean.shape[streams.keys.dim() :], dtype=mean.dtype)
+        u = mean + torch.exp(log_std) * noise
+        return u if self.squash is None else self.squash_action(u)
+
+    def mode(self, mean: torch.Tensor) -> torch.Tensor:
+        """The deterministic action: the mean, squashed if asked."""
+        return mean if self.squash is None else self.squash_action(mean)
+
+
+def action_head_for(action_space: spaces.Space, squash: str | None, policy_name: str) -> tuple[bool, int, GaussianHead | None]:
+    """The head a network policy puts on ``action_space``: ``(gaussian, output size, Gaussian head or None)``.
+
+    :param action_space: ``Discrete(A)`` (categorical, ``A`` logits) or a flat ``Box(k,)`` (Gaussian, ``k`` means)
+    :param squash: ``None`` or ``"tanh"`` (``Box`` only)
+    :param policy_name: the policy's class name, for error messages
+    """
+    if isinstance(action_space, spaces.Discrete):
+        if squash is not None:
+            raise ValueError(f"squash applies to Box action spaces only (a Gaussian head), got squash={squash!r} with {action_space}")
+        return False, int(action_space.n), None
+    if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
+        return True, int(action_space.shape[0]), GaussianHead(action_space, squash, policy_name)
+    raise ValueError(f"policy {policy_name} needs a Discrete or flat Box action space, got {action_space}")
+
+
+class ActionHeadMixin:
+    """``log_prob``/``sample``/``mode`` of a network policy from its :meth:`head` output.
+
+    Put it before :class:`~fedrl_algos.policies.base.CategoricalMixin` in the bases; the policy
+    sets ``gaussian``, ``action_dim``, ``log_std_bounds`` and (Gaussian) ``action_head`` before
+    ``FlatPolicy.__init__``, and its θ ends with the ``action_dim`` log standard deviations.
+    """
+
+    gaussian: bool
+    action_dim: int
+    log_std_bounds: tuple[float, float] | None
+    action_head: GaussianHead | None
+
+    def head(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """Network output ``[*B, *M, out]`` (logits, or the Gaussian mean)."""
+        raise NotImplementedError
+
+    def logits(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(theta, obs)
+
+    def log_std(self, theta: torch.Tensor) -> torch.Tensor:
+        """The log standard deviation the Gaussian head acts with ``[*B, action_dim]`` (clamped to ``log_std_bounds``)."""
+        raw = theta[..., theta.shape[-1] - self.action_dim :]
+        return raw if self.log_std_bounds is None else raw.clamp(*self.log_std_bounds)
+
+    def _mean_and_log_std(self, theta: torch.Tensor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean = self.head(theta, obs)
+        # log_std is per row of θ; give it singleton axes for the trajectory/time axes of obs.
+        log_std = self.log_std(theta).reshape(*theta.shape[:-1], *([1] * (mean.dim() - theta.dim())), self.action_dim)
+        return mean, log_std
+
+    def log_prob(self, theta: torch.Tensor, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        if not self.gaussian:
+            return super().log_prob(theta, obs, actions)
+        return self.action_head.log_prob(*self._mean_and_log_std(theta, obs), actions)
+
+    def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        if not self.gaussian:
+            return super().sample(theta, obs, streams)
+        return self.action_head.sample(*self._mean_and_log_std(theta, obs), streams)
+
+    def mode(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        if not self.gaussian:
+            return super().mode(theta, obs)
+        return self.action_head.mode(self.head(theta, obs))
