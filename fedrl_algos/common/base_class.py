@@ -25,7 +25,7 @@ from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.federation import Federation, adapt_parameters, adapt_with_sampler, combine_seed
 from fedrl_algos.exact import TabularEvaluator, has_exact_model
-from fedrl_algos.policies import FlatPolicy, MlpPolicy, TabularPolicy
+from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 
@@ -84,7 +84,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         has no limit)
     """
 
-    policy_aliases: ClassVar[dict[str, type[FlatPolicy]]] = {"TabularPolicy": TabularPolicy, "MlpPolicy": MlpPolicy}
+    policy_aliases: ClassVar[dict[str, type[FlatPolicy]]] = {"TabularPolicy": TabularPolicy, "MlpPolicy": MlpPolicy, "CnnPolicy": CnnPolicy}
     policy: FlatPolicy
     #: stop a batch's rollout once all its episodes have terminated (for families whose episodes
     #: end early, e.g. CartPole; the results are unchanged, see ``core.sampling.rollout``)

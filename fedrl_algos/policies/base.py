@@ -136,6 +136,19 @@ class FlatPolicy(BasePolicy):
     def forward(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return self._predict(obs, deterministic)
 
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False) -> Any:
+        """SB3's ``predict`` for one observation or a batch, as a NumPy array or a torch tensor.
+
+        :param observation: observation(s) (a tensor is moved to NumPy first, as SB3 expects)
+        :param state: unused (no recurrent state)
+        :param episode_start: unused
+        :param deterministic: the most likely action instead of a sample
+        :return: ``(actions, None)`` as NumPy
+        """
+        if isinstance(observation, torch.Tensor):
+            observation = observation.detach().cpu().numpy()
+        return super().predict(observation, state, episode_start, deterministic)
+
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         # SB3's BaseModel records normalize_images, which a flat policy does not take (a policy that
