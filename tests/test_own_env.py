@@ -200,3 +200,44 @@ def test_a_native_family_through_the_generic_path_estimates_the_same_gradient():
         z = (estimate - exact)[informative] / stderr[informative]
         assert float(z.pow(2).mean()) < 1.5 and float(z.abs().max()) < 5.5, (type(draw).__name__, float(z.pow(2).mean()))
     venv.close()
+
+
+class Frames(gym.Env):
+    """A test-only image env: a bright square left or right of centre; action 1 moves it right."""
+
+    def __init__(self, speed: int = 2) -> None:
+        self.speed = int(speed)
+        self.observation_space = gym.spaces.Box(0, 255, (2, 36, 36), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.pos = 18
+
+    def _obs(self) -> np.ndarray:
+        frame = np.zeros((2, 36, 36), np.uint8)
+        frame[:, 14:22, max(0, self.pos - 4) : self.pos + 4] = 255
+        return frame
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.pos = int(self.np_random.integers(10, 26))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.pos = int(np.clip(self.pos + (self.speed if int(action) == 1 else -self.speed), 4, 32))
+        return self._obs(), float(self.pos >= 28), False, False, {}
+
+
+if "TestOnlyFrames-v0" not in gym.registry:
+    gym.register("TestOnlyFrames-v0", entry_point=Frames, max_episode_steps=8)
+
+
+def test_cnn_policy_on_image_observations():
+    """MFPO and FedAvg-PG with CnnPolicy (SB3's Nature CNN) on uint8 frames of a test-only env."""
+    for cls, kwargs in ((MFPO, dict(step_size=1e-3, local_steps=2, n_trajectories=4, gamma=0.9)),
+                        (FedAvgPG, dict(step_size=1e-3, local_steps=1, n_trajectories=4))):
+        model = cls("CnnPolicy", "TestOnlyFrames-v0", agent_kwargs=[{"speed": 2}, {"speed": 3}], seed=0, device="cpu",
+                    policy_kwargs=dict(features_dim=32), **kwargs)
+        before = model.theta
+        model.learn(total_rounds=1)
+        assert torch.isfinite(model.theta).all() and not torch.equal(before, model.theta)
+        action, _ = model.predict(Frames().reset(seed=0)[0], deterministic=True)
+        assert int(action) in (0, 1)

@@ -451,7 +451,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         """Bind another environment of the same family (same spaces and number of agents).
 
-        :param env: a fedrl id, a family or a federated env of the model's family
+        :param env: another environment of the model's id (same spaces and, where agents keep state, agents)
         :param force_reset: unused (kept for SB3 compatibility)
         """
         observation_space, action_space, n_agents = self.observation_space, self.action_space, self.n_agents
@@ -509,7 +509,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         """Load a saved model; ``env`` optionally rebinds it to another env of the same family.
 
         :param path: file path or file-like object written by :meth:`save`
-        :param env: optional environment of the same family
+        :param env: optional environment of the same id
         :param device: torch device
         :param custom_objects: as SB3's ``load``
         :param print_system_info: as SB3's ``load``

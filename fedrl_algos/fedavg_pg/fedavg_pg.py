@@ -46,7 +46,9 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
     post-adaptation objective F and as :meth:`adapt`'s default step. Docs: ``docs/algorithms/fedavg_pg.md``.
 
     :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a FlatPolicy class
-    :param env: a registered fedrl id, a task family, or a ``FederatedVecEnv`` on a fedrl family
+    :param env: the agents' environments: a fedrl id or task family (its training tasks, or one
+        task per ``agent_kwargs`` dict), a ``FederatedVecEnv`` of either backend, or any registered
+        Gymnasium id with ``agent_kwargs`` or ``n_agents``
     :param step_size: local step size: a number (β of the Per-FedAvg-PG paper) or a schedule
         ``t -> α_t`` over local steps ``t = 1, 2, …`` (e.g. :class:`~fedrl_algos.core.schedules.ExponentialStepSize`)
     :param local_steps: local steps per round (τ; the MFPO paper's K)

@@ -40,7 +40,9 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     kept in :attr:`filter_history` (one list of booleans per round).
 
     :param policy: ``"MlpPolicy"``, ``"TabularPolicy"`` or a FlatPolicy class
-    :param env: a registered fedrl id, a task family or a ``FederatedVecEnv`` on a fedrl family
+    :param env: the agents' environments: a fedrl id or task family (its training tasks, or one
+        task per ``agent_kwargs`` dict), a ``FederatedVecEnv`` of either backend, or any registered
+        Gymnasium id with ``agent_kwargs`` or ``n_agents``
     :param step_size: η, the server's inner-loop step size
     :param batch_range: ``(B_min, B_max)`` of the agents' batch size B_t (FedPG-BR on CartPole:
         14–18)

@@ -43,7 +43,9 @@ class IndependentPG(FederatedAlgorithm):
     ``[n, d]`` and :meth:`predict` uses ``agent``'s own parameters. Docs: ``docs/algorithms/independent_pg.md``.
 
     :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a FlatPolicy class
-    :param env: a registered fedrl id, a task family, or a ``FederatedVecEnv`` on a fedrl family
+    :param env: the agents' environments: a fedrl id or task family (its training tasks, or one
+        task per ``agent_kwargs`` dict), a ``FederatedVecEnv`` of either backend, or any registered
+        Gymnasium id with ``agent_kwargs`` or ``n_agents``
     :param step_size: step size β
     :param n_trajectories: trajectories per policy-gradient step (m)
     :param local_steps: steps per round

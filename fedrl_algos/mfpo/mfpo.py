@@ -43,8 +43,9 @@ class MFPO(FederatedAlgorithm):
 
     :param policy: ``"MlpPolicy"`` (categorical or Gaussian head), ``"TabularPolicy"`` or a
         :class:`~fedrl_algos.policies.FlatPolicy` class
-    :param env: a registered fedrl id (its family's training tasks: one agent each), a task
-        family, or a ``FederatedVecEnv`` on a fedrl family
+    :param env: the agents' environments: a fedrl id or task family (its training tasks, or one
+        task per ``agent_kwargs`` dict), a ``FederatedVecEnv`` of either backend, or any registered
+        Gymnasium id with ``agent_kwargs`` or ``n_agents``
     :param step_size: α_t: a number or a callable ``t -> α_t`` (default: the paper's
         ``1e-4·0.99^(−t)``, capped at 1e-3: :class:`ExponentialStepSize`)
     :param momentum: ν_t: a number in [0, 1] or a callable ``(t, α_t) -> ν_t`` (default: the paper's

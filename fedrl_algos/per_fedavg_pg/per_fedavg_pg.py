@@ -36,8 +36,9 @@ class PerFedAvgPG(FederatedAlgorithm):
     (:meth:`adapt`). Docs: ``docs/algorithms/per_fedavg_pg.md``.
 
     :param policy: ``"TabularPolicy"``, ``"MlpPolicy"`` or a :class:`~fedrl_algos.policies.FlatPolicy` class
-    :param env: a registered fedrl id (its family's training tasks), a task family, or a
-        ``FederatedVecEnv`` on a fedrl family
+    :param env: the agents' environments: a fedrl id or task family (its training tasks, or one
+        task per ``agent_kwargs`` dict), a ``FederatedVecEnv`` of either backend, or any registered
+        Gymnasium id with ``agent_kwargs`` or ``n_agents``
     :param alpha: adaptation step size α (inner step); default 1.0 (the paper's neural setting,
         the tabular experiments use 2.0)
     :param step_size: local (outer) step size β; default 0.2 (neural; tabular: 0.3)
