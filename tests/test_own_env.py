@@ -24,6 +24,7 @@ from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params
 from wrappers import FederatedVecEnv
 
 ENV_ID = "TestOnlyReach-v0"
+GRID_ID = "fedrl/GridWorld-v0"
 TARGETS = [{"target": 0.4}, {"target": 0.5}, {"target": 0.6}]
 STEP = 0.05
 
@@ -241,3 +242,60 @@ def test_cnn_policy_on_image_observations():
         assert torch.isfinite(model.theta).all() and not torch.equal(before, model.theta)
         action, _ = model.predict(Frames().reset(seed=0)[0], deterministic=True)
         assert int(action) in (0, 1)
+
+
+def test_async_agent_envs_give_the_sync_result():
+    """vectorization_mode="async" steps every agent's envs in its own processes: same training, bitwise."""
+    thetas = []
+    for mode in ("async", "sync"):
+        env = FederatedVecEnv(ENV_ID, 4, agent_kwargs=TARGETS, autoreset=False, seed=3, vectorization_mode=mode)
+        thetas.append(FedAvgPG("MlpPolicy", env, local_steps=1, n_trajectories=4, seed=1, device="cpu").learn(total_rounds=2).theta)
+        env.close()
+    assert torch.equal(thetas[0], thetas[1])
+
+
+def test_observation_normalization_is_the_servers_pooled_vecnormalize():
+    """``normalize_observations=True``: SB3 VecNormalize's map with moments pooled over agents once
+    per round: the trajectories of a round are normalized with the statistics of the rounds before,
+    the statistics after a round are the count-weighted moments of every observation sampled so far
+    (as one stream of updates), predict applies them, and save/load keeps them."""
+    model = FedAvgPG("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, local_steps=2, n_trajectories=6, normalize_observations=True,
+                     eval_trajectories=0, seed=2, device="cpu")
+    normalizer = model.obs_normalizer
+    seen = []
+    original = normalizer.accumulate
+
+    def spy(obs, mask):
+        seen.append(obs[mask > 0].reshape(-1, 1).double())
+        original(obs, mask)
+
+    normalizer.accumulate = spy
+    model.learn(total_rounds=1)
+    first = torch.cat(seen)
+    assert first.shape[0] == 3 * 2 * 6 * 20  # every step of every agent's trajectories of the round
+    # one SB3-style update from mean 0, var 1, count 1e-4 with the pooled batch
+    n, mean, var = first.shape[0], first.mean(0), first.var(0, unbiased=False)
+    expected_mean = mean * n / (n + 1e-4)
+    assert torch.allclose(normalizer.mean, expected_mean, atol=1e-9)
+    m2 = 1e-4 * 1.0 + var * n + mean * mean * 1e-4 * n / (n + 1e-4)
+    assert torch.allclose(normalizer.var, m2 / (n + 1e-4), atol=1e-9)
+    # the trajectories of round 2 are normalized with the statistics committed after round 1
+    frozen = normalizer.state_dict()
+    traj = model.federation.sampler(model.federation.broadcast(model.policy.theta.detach().unsqueeze(0)), 4)
+    assert bool((traj.obs.abs() <= 10).all())
+    assert torch.equal(normalizer.mean, frozen["mean"])  # nothing commits before the round ends
+    raw = torch.tensor([[0.3]])
+    action, _ = model.predict(raw.numpy(), deterministic=True)
+    expected, _ = model.policy.predict(normalizer.normalize(raw).numpy(), deterministic=True)
+    assert np.array_equal(action, expected)
+
+
+def test_normalization_statistics_survive_save_and_load(tmp_path):
+    model = MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, step_size=0.05, local_steps=2, n_trajectories=4, gamma=0.9,
+                 normalize_observations=True, seed=0, device="cpu").learn(total_rounds=2)
+    model.save(tmp_path / "m.zip")
+    loaded = MFPO.load(tmp_path / "m.zip", device="cpu")
+    for key, value in model.obs_normalizer.state_dict().items():
+        assert torch.equal(loaded.obs_normalizer.state_dict()[key], value)
+    with pytest.raises(ValueError, match="normalize_observations needs Box"):
+        FedAvgPG("TabularPolicy", GRID_ID, normalize_observations=True, device="cpu")

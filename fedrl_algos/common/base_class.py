@@ -17,13 +17,16 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
+from gymnasium import spaces as gym_spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.type_aliases import MaybeCallback
 
 from fedrl_algos.common.env_util import resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.core.env_sampling import EnvSampler
-from fedrl_algos.core.federation import Federation, adapt_parameters, adapt_with_sampler, combine_seed
+from fedrl_algos.core.federation import Federation, adapt_with_sampler, combine_seed
+from fedrl_algos.core.normalization import ObservationNormalizer
+from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
@@ -82,6 +85,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     :param horizon: last time index H of the episodes sampled (``H + 1`` steps; default: the
         family's horizon, or the Gymnasium env's ``max_episode_steps − 1``; required where the env
         has no limit)
+    :param normalize_observations: normalize ``Box`` observations with SB3 ``VecNormalize``'s rule
+        (running moments, clip ±10), the statistics pooled over agents by the server each round
+        (:mod:`fedrl_algos.core.normalization`); ``predict`` and ``adapt`` apply them too
     """
 
     policy_aliases: ClassVar[dict[str, type[FlatPolicy]]] = {"TabularPolicy": TabularPolicy, "MlpPolicy": MlpPolicy, "CnnPolicy": CnnPolicy}
@@ -112,6 +118,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         agent_kwargs: Sequence[dict[str, Any]] | None = None,
         n_agents: int | None = None,
         horizon: int | None = None,
+        normalize_observations: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         if isinstance(policy, str):
@@ -138,6 +145,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.horizon = None if horizon is None else check_int("horizon", horizon, 0)
         self.agent_kwargs = None
         self.fed_env = None  # not saved: a loaded model rebuilds a Gymnasium env from agent_kwargs
+        if not isinstance(normalize_observations, bool):
+            raise TypeError(f"normalize_observations must be a bool, got {type(normalize_observations).__name__}")
+        self.normalize_observations = normalize_observations
+        self._obs_normalizer_state: dict[str, torch.Tensor] | None = None
         if env is None:
             if _init_setup_model:
                 raise ValueError("env must be given (a fedrl family id, a TaskFamily, a FederatedVecEnv or a Gymnasium id)")
@@ -186,6 +197,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.n_agents = agents.n_agents
         self.n_envs = self.n_agents
         self._check_policy_fits()
+        if self.normalize_observations and not isinstance(self.observation_space, gym_spaces.Box):
+            raise ValueError(f"normalize_observations needs Box observations, {self.env_id} has {self.observation_space}")
 
     def _check_policy_fits(self) -> None:
         """A ``ValueError`` naming ``policy`` when the policy class cannot act in the env's spaces."""
@@ -218,16 +231,30 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         for name in type(self).obsolete_attributes:
             self.__dict__.pop(name, None)
 
+    def _make_normalizer(self) -> ObservationNormalizer | None:
+        if not self.__dict__.get("normalize_observations", False):
+            return None
+        normalizer = ObservationNormalizer(self.observation_space.shape, device=self.device)
+        if self.__dict__.get("_obs_normalizer_state") is not None:
+            normalizer.load_state_dict(self._obs_normalizer_state)
+        return normalizer
+
+    @property
+    def obs_normalizer(self) -> ObservationNormalizer | None:
+        """The federation's observation normalizer (``normalize_observations=True``), else ``None``."""
+        return self.federation.normalizer
+
     def _make_federation(self) -> Federation:
+        normalizer = self._make_normalizer()
         if self.is_generic:
             if self.fed_env is None:  # loaded from a file: the env is rebuilt from the agents' kwargs
                 self.fed_env = self._generic_env(self.agent_kwargs)
             # Evaluation rollouts on an env of their own, so that they never change the training episodes.
             eval_env = self._generic_env(self.agent_kwargs, self.fed_env.n_envs, combine_seed(self.seed, 1)) if self.eval_trajectories > 0 else None
-            return Federation.from_env(self.fed_env, self.policy, self.seed, self.gamma, self.horizon, eval_env)
+            return Federation.from_env(self.fed_env, self.policy, self.seed, self.gamma, self.horizon, eval_env, normalizer)
         return Federation(
             self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma,
-            horizon_override=self.horizon, stop_when_done=self.stop_rollouts_when_done,
+            horizon_override=self.horizon, stop_when_done=self.stop_rollouts_when_done, normalizer=normalizer,
         )
 
     def _setup_model(self) -> None:
@@ -349,6 +376,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         while self.num_timesteps < total_timesteps:
             callback.on_rollout_start()
             self._train_round()
+            if self.obs_normalizer is not None:
+                self.obs_normalizer.commit()  # the server pools the round's observation moments
             self.rounds_done += 1
             rounds_this_call += 1
             self.trajectories_per_agent += self.trajectories_per_round
@@ -364,6 +393,25 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 break
         callback.on_training_end()
         return self
+
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False) -> Any:
+        """SB3's ``predict`` with the shared parameters, for one observation or a batch (NumPy or torch);
+        observations are normalized with the federation's statistics when ``normalize_observations``.
+
+        :param observation: observation(s)
+        :param state: unused (no recurrent state)
+        :param episode_start: unused
+        :param deterministic: the most likely action instead of a sample
+        """
+        return self.policy.predict(self._policy_observation(observation), state, episode_start, deterministic)
+
+    def _policy_observation(self, observation: Any) -> Any:
+        """What the policy reads: the observation, normalized when ``normalize_observations``."""
+        normalizer = self.obs_normalizer
+        if normalizer is None:
+            return observation
+        as_tensor = observation.detach() if isinstance(observation, torch.Tensor) else torch.as_tensor(np.asarray(observation))
+        return normalizer.normalize(as_tensor, self.policy.param_dtype).cpu().numpy()
 
     # --- personalization -----------------------------------------------------------------------
     def _resolve_tasks(self, task: Any) -> Any:
@@ -431,15 +479,15 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
                 env = self._generic_env(tasks, min(n_trajectories, DEFAULT_ENVS_PER_AGENT), key_seed)
                 try:
-                    sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed)
+                    sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed,
+                                         normalizer=self.obs_normalizer)
                     theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma)
                 finally:
                     env.close()
             else:
                 params = params_to(stack_params(tasks), self.device)
-                theta, _ = adapt_parameters(
-                    self.family, params, self.policy, theta, streams, n_trajectories, steps, step_size, self.gamma
-                )
+                sampler = KernelSampler(self.family, params, self.policy, streams, self.horizon, normalizer=self.obs_normalizer)
+                theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma)
         adapted = []
         for row in theta:
             clone = copy.deepcopy(self.policy)
@@ -490,10 +538,12 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         :param include: attributes to save although excluded by default
         """
         self._rng_state = self.federation.state_dict()
+        self._obs_normalizer_state = None if self.obs_normalizer is None else self.obs_normalizer.state_dict()
         try:
             super().save(path, exclude=exclude, include=include)
         finally:
             self._rng_state = None
+            self._obs_normalizer_state = None
 
     @classmethod
     def load(  # type: ignore[override]
@@ -518,6 +568,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         """
         model = super().load(path, env=None, device=device, custom_objects=custom_objects, print_system_info=print_system_info, **kwargs)
         model._rng_state = None
+        model._obs_normalizer_state = None
         if env is not None:
             state = model.federation.state_dict()
             model.set_env(env)

@@ -60,6 +60,9 @@ class EnvSampler(Sampler):
     :param streams: one random stream per agent (``batch_shape`` ``[n_agents]`` or ``[1, n_agents]``)
     :param horizon: last time index H of an episode (default: the env's, see :func:`episode_horizon`)
     :param env_seed: seed of the first reset (``None``: the env's own seed)
+    :param normalizer: observation normalizer: the policy sees, and the trajectories hold,
+        normalized observations (:mod:`fedrl_algos.core.normalization`)
+    :param update_normalizer: add the raw observations of the steps that ran to its round moments
     """
 
     env: FederatedVecEnv
@@ -67,6 +70,8 @@ class EnvSampler(Sampler):
     streams: RandomStreams
     horizon: int | None = None
     env_seed: int | None = None
+    normalizer: Any = None
+    update_normalizer: bool = False
     _reset_seed_used: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +103,8 @@ class EnvSampler(Sampler):
 
         def act(obs: torch.Tensor) -> torch.Tensor:  # obs [n, n_envs, *obs_shape]
             obs = obs.to(theta.device).reshape(*lead, n, n_envs, *obs.shape[2:])
+            if self.normalizer is not None:
+                obs = self.normalizer.normalize(obs, theta.dtype)
             action = self.policy.sample(theta, obs, self.streams)  # [*lead, n, n_envs, *action_shape]
             return action.reshape(n * n_envs, *action.shape[len(batch) + 1 :])
 
@@ -112,4 +119,9 @@ class EnvSampler(Sampler):
             return value.to(theta.device).reshape(*lead, n, m, *value.shape[2:])
 
         done = stack("terminated") | stack("truncated")
-        return Trajectories.from_steps(stack("observations"), stack("actions"), stack("rewards"), done, theta.dtype)
+        traj = Trajectories.from_steps(stack("observations"), stack("actions"), stack("rewards"), done, theta.dtype)
+        if self.normalizer is None:
+            return traj
+        if self.update_normalizer:
+            self.normalizer.accumulate(traj.obs, traj.mask)
+        return traj._replace(obs=self.normalizer.normalize(traj.obs, theta.dtype))

@@ -53,6 +53,8 @@ class Federation:
     :param horizon_override: last time index H of an episode (default: the family's or the env's)
     :param stop_when_done: a family's rollouts stop once every episode of the batch ended (see
         :func:`~fedrl_algos.core.sampling.rollout`; the trajectories are the same)
+    :param normalizer: observation normalizer shared by the samplers (only the training sampler
+        adds to its moments; :mod:`fedrl_algos.core.normalization`)
     """
 
     family: TaskFamily | None
@@ -64,6 +66,7 @@ class Federation:
     eval_env: Any = None
     horizon_override: int | None = None
     stop_when_done: bool = False
+    normalizer: Any = None
 
     def __post_init__(self) -> None:
         self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
@@ -81,18 +84,20 @@ class Federation:
             if self.n_runs != 1:
                 raise ValueError(f"seeds must hold one seed for a federation over a Gymnasium env, got {self.n_runs}")
             seed = int(self.seeds[0])
-            self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed)
+            self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed,
+                                      normalizer=self.normalizer, update_normalizer=True)
             self.eval_sampler = EnvSampler(
                 self.eval_env if self.eval_env is not None else self.env, self.policy, self.eval_streams, self.horizon_override,
-                env_seed=combine_seed(seed, _EVAL_STREAM),
+                env_seed=combine_seed(seed, _EVAL_STREAM), normalizer=self.normalizer,
             )
             self.row_params = None
             return
         rows = torch.arange(self.n_agents).repeat(self.n_runs)
         self.row_params = index_params(self.agent_params, rows.to(next(iter(self._tensors())).device))
-        self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams, self.horizon_override, self.stop_when_done)
+        self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams, self.horizon_override, self.stop_when_done,
+                                     self.normalizer, update_normalizer=True)
         self.eval_sampler = KernelSampler(
-            self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done
+            self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done, self.normalizer
         )
 
     def _tensors(self) -> list[torch.Tensor]:
@@ -100,7 +105,7 @@ class Federation:
 
     @classmethod
     def from_env(
-        cls, env: Any, policy: Any, seed: int, gamma: float, horizon: int | None = None, eval_env: Any = None
+        cls, env: Any, policy: Any, seed: int, gamma: float, horizon: int | None = None, eval_env: Any = None, normalizer: Any = None
     ) -> Federation:
         """A one-run federation over the agents of a :class:`~wrappers.FederatedVecEnv` (any backend).
 
@@ -110,8 +115,10 @@ class Federation:
         :param gamma: discount
         :param horizon: last time index H (default: the env's ``max_episode_steps − 1``)
         :param eval_env: a separate env for evaluation rollouts (default: ``env``)
+        :param normalizer: observation normalizer
         """
-        return cls(None, None, policy, torch.tensor([int(seed)]), gamma, env=env, eval_env=eval_env, horizon_override=horizon)
+        return cls(None, None, policy, torch.tensor([int(seed)]), gamma, env=env, eval_env=eval_env, horizon_override=horizon,
+                   normalizer=normalizer)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """Random-stream state of every consumer (training, server sampling, evaluation)."""

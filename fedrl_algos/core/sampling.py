@@ -88,9 +88,16 @@ def generic_rollout(
     n_trajectories: int,
     horizon: int,
     stop_when_done: bool = False,
+    normalizer: Any = None,
+    update_normalizer: bool = False,
 ) -> Trajectories:
     """:func:`rollout` without asking the policy for a faster plan: one policy call and one kernel
-    call per time step (arguments as for :func:`rollout`, ``horizon`` required)."""
+    call per time step (arguments as for :func:`rollout`, ``horizon`` required).
+
+    With ``normalizer`` (an :class:`~fedrl_algos.core.normalization.ObservationNormalizer`) the
+    policy sees, and the trajectories hold, normalized observations; with ``update_normalizer`` the
+    raw observations of the steps that ran are added to its pending moments.
+    """
     batch = theta.shape[:-1]
     m = check_rollout_batch(theta, streams, n_trajectories)
     n_rows = 1
@@ -110,6 +117,10 @@ def generic_rollout(
             break
         obs = family.observe(state, rows)
         obs_b = obs.reshape(*batch, m, *obs.shape[1:])
+        if normalizer is not None:
+            if update_normalizer:
+                normalizer.accumulate(obs_b, alive.reshape(*batch, m))
+            obs_b = normalizer.normalize(obs_b, theta.dtype)
         before = streams.counters
         action = policy.sample(theta, obs_b, streams)
         per_step = streams.counters - before
@@ -143,6 +154,8 @@ class KernelSampler(Sampler):
     :param streams: one random stream per batch row
     :param horizon: episode horizon override
     :param stop_when_done: see :func:`rollout`
+    :param normalizer: observation normalizer (see :func:`generic_rollout`)
+    :param update_normalizer: add the sampled observations to the normalizer's round moments
     """
 
     family: TaskFamily
@@ -151,6 +164,8 @@ class KernelSampler(Sampler):
     streams: RandomStreams
     horizon: int | None = None
     stop_when_done: bool = False
+    normalizer: Any = None
+    update_normalizer: bool = False
     _plan: tuple[Any, Any, Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def _kernel_plan(self) -> Any:
@@ -165,11 +180,14 @@ class KernelSampler(Sampler):
     def __call__(self, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
         m = check_rollout_batch(theta, self.streams, n_trajectories)
         horizon = self.family.horizon(self.params) if self.horizon is None else self.horizon
-        plan = self._kernel_plan()
-        fast = plan(theta, self.streams, m, horizon, self.stop_when_done) if plan is not None else None
-        if fast is not None:
-            return fast
-        return generic_rollout(self.family, self.params, self.policy, theta, self.streams, m, horizon, self.stop_when_done)
+        if self.normalizer is None:  # a policy's fast plan reads the raw observations
+            plan = self._kernel_plan()
+            fast = plan(theta, self.streams, m, horizon, self.stop_when_done) if plan is not None else None
+            if fast is not None:
+                return fast
+        return generic_rollout(
+            self.family, self.params, self.policy, theta, self.streams, m, horizon, self.stop_when_done, self.normalizer, self.update_normalizer
+        )
 
     def with_policy(self, policy: Any) -> KernelSampler:
         return replace(self, policy=policy)

@@ -75,6 +75,8 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
     :param n_agents: with a Gymnasium id: that many identical agents
     :param horizon: last time index H of the sampled episodes (default: the family's, or the
         Gymnasium env's ``max_episode_steps − 1``)
+    :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
+        pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
     :param deprecated_kwargs: ``beta`` (now ``step_size``), ``tau`` (now ``local_steps``) and
         ``m_in``/``m_h``/``m_out`` (now their sum ``n_trajectories``; missing ones count 10, as
         before), accepted with a ``DeprecationWarning`` for one release
@@ -118,6 +120,7 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         agent_kwargs: Sequence[dict[str, Any]] | None = None,
         n_agents: int | None = None,
         horizon: int | None = None,
+        normalize_observations: bool = False,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -156,6 +159,7 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
             agent_kwargs=agent_kwargs,
             n_agents=n_agents,
             horizon=horizon,
+            normalize_observations=normalize_observations,
             _init_setup_model=_init_setup_model,
         )
 

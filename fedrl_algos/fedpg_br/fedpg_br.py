@@ -78,6 +78,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     :param n_agents: with a Gymnasium id: that many identical agents
     :param horizon: last time index H of the sampled episodes (default: the family's, or the
         Gymnasium env's ``max_episode_steps − 1``)
+    :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
+        pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
     :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
         ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
         rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
@@ -126,6 +128,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         agent_kwargs: Sequence[dict[str, Any]] | None = None,
         n_agents: int | None = None,
         horizon: int | None = None,
+        normalize_observations: bool = False,
         server_optimizer: str = "sgd",
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
@@ -176,6 +179,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
             agent_kwargs=agent_kwargs,
             n_agents=n_agents,
             horizon=horizon,
+            normalize_observations=normalize_observations,
             _init_setup_model=_init_setup_model,
         )
 
@@ -224,6 +228,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
                 self.family, self.federation.agent_params, self.policy, torch.tensor([self.seed]), self.inner_batch_size,
                 self.server_task, self.device,
             )
+        # The server's own trajectories are read with the agents' (pooled) observation statistics.
+        self.server_sampler.normalizer = self.obs_normalizer
         self.noise_streams = attack_streams(self.federation.streams)
         self.byzantine_mask = torch.zeros(self.n_agents, dtype=torch.bool, device=self.device)
         if self.byzantine_agents:

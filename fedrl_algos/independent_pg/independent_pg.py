@@ -62,6 +62,8 @@ class IndependentPG(FederatedAlgorithm):
     :param n_agents: with a Gymnasium id: that many identical agents
     :param horizon: last time index H of the sampled episodes (default: the family's, or the
         Gymnasium env's ``max_episode_steps − 1``)
+    :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
+        pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
     :param deprecated_kwargs: ``beta`` (now ``step_size``), ``m`` (now ``n_trajectories``) and
         ``tau`` (now ``local_steps``), accepted with a ``DeprecationWarning`` for one release
     """
@@ -88,6 +90,7 @@ class IndependentPG(FederatedAlgorithm):
         agent_kwargs: Sequence[dict[str, Any]] | None = None,
         n_agents: int | None = None,
         horizon: int | None = None,
+        normalize_observations: bool = False,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -108,6 +111,7 @@ class IndependentPG(FederatedAlgorithm):
             agent_kwargs=agent_kwargs,
             n_agents=n_agents,
             horizon=horizon,
+            normalize_observations=normalize_observations,
             _init_setup_model=_init_setup_model,
         )
 
@@ -163,6 +167,6 @@ class IndependentPG(FederatedAlgorithm):
         saved = self.policy.theta.detach().clone()
         try:
             self.policy.theta.data.copy_(self.agent_theta[agent])
-            return self.policy.predict(observation, state, episode_start, deterministic)
+            return self.policy.predict(self._policy_observation(observation), state, episode_start, deterministic)
         finally:
             self.policy.theta.data.copy_(saved)

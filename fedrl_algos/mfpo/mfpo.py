@@ -73,6 +73,8 @@ class MFPO(FederatedAlgorithm):
     :param n_agents: with a Gymnasium id: that many identical agents
     :param horizon: last time index H of the sampled episodes (default: the family's, or the
         Gymnasium env's ``max_episode_steps − 1``)
+    :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
+        pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -108,6 +110,7 @@ class MFPO(FederatedAlgorithm):
         agent_kwargs: Sequence[dict[str, Any]] | None = None,
         n_agents: int | None = None,
         horizon: int | None = None,
+        normalize_observations: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = as_step_size(step_size)
@@ -140,6 +143,7 @@ class MFPO(FederatedAlgorithm):
             agent_kwargs=agent_kwargs,
             n_agents=n_agents,
             horizon=horizon,
+            normalize_observations=normalize_observations,
             _init_setup_model=_init_setup_model,
         )
 
