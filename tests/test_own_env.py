@@ -299,3 +299,27 @@ def test_normalization_statistics_survive_save_and_load(tmp_path):
         assert torch.equal(loaded.obs_normalizer.state_dict()[key], value)
     with pytest.raises(ValueError, match="normalize_observations needs Box"):
         FedAvgPG("TabularPolicy", GRID_ID, normalize_observations=True, device="cpu")
+
+
+def test_runs_batched_in_one_env_equal_each_run_alone():
+    """Seeds as a batch over one Gymnasium env: ``R · n`` agents run-major, each seeded by its own
+    stream id (``run_env_stream_ids``), so a run's trajectories are the same alone or batched."""
+    from fedrl_algos.core.federation import Federation, run_env_stream_ids
+    from fedrl_algos.policies import MlpPolicy as Mlp
+
+    seeds = [3, 5]
+    policy = Mlp(gym.spaces.Box(-1.0, 1.0, (1,), np.float32), gym.spaces.Discrete(2))
+    both = FederatedVecEnv(ENV_ID, 4, agent_kwargs=TARGETS * 2, autoreset=False, seed=0, stream_ids=run_env_stream_ids(seeds, 3))
+    batched = Federation.from_env(both, policy, seeds, 0.9)
+    assert batched.n_runs == 2 and batched.n_agents == 3
+    theta = policy.theta.detach().expand(2, 3, -1) + torch.randn(2, 3, policy.n_params, generator=torch.Generator().manual_seed(0)) * 0.1
+    together = [batched.sampler(theta, 6) for _ in range(2)]
+    for r, seed in enumerate(seeds):
+        alone_env = FederatedVecEnv(ENV_ID, 4, agent_kwargs=TARGETS, autoreset=False, seed=0, stream_ids=run_env_stream_ids([seed], 3))
+        alone = Federation.from_env(alone_env, policy, [seed], 0.9)
+        for call in range(2):
+            mine = alone.sampler(theta[r : r + 1], 6)
+            for x, y in zip(mine, together[call]):
+                assert torch.equal(x[0], y[r])
+        alone_env.close()
+    both.close()

@@ -49,15 +49,16 @@ def episode_horizon(env: FederatedVecEnv, horizon: int | None = None) -> int:
 class EnvSampler(Sampler):
     """Samples ``m`` episodes per agent from a :class:`~wrappers.FederatedVecEnv`: ``sampler(theta, m)``.
 
-    ``theta`` is ``[n_agents, d]`` or ``[1, n_agents, d]`` (one federation: its environments are real
-    objects, so runs over seeds are not batched here). With ``n_envs`` environments per agent a call
-    makes ``ceil(m / n_envs)`` passes of ``H + 1`` steps. The first call resets the envs with
+    ``theta`` is ``[*B, d]`` with one batch row per agent of the env (``prod(B) == env.n_agents``):
+    ``[n, d]`` for one federation, or ``[R, n, d]`` for ``R`` runs whose ``R·n`` agents the env holds
+    run-major. With ``n_envs`` environments per agent a call makes ``ceil(m / n_envs)`` passes of
+    ``H + 1`` steps. The first call resets the envs with
     ``env_seed``; later calls continue their Gymnasium random number generators, so a sampler gives
     the same episodes for the same seeds and calls.
 
     :param env: the federated env (either backend; ``autoreset`` either way)
     :param policy: the flat policy
-    :param streams: one random stream per agent (``batch_shape`` ``[n_agents]`` or ``[1, n_agents]``)
+    :param streams: one random stream per batch row (``batch_shape == B``)
     :param horizon: last time index H of an episode (default: the env's, see :func:`episode_horizon`)
     :param env_seed: seed of the first reset (``None``: the env's own seed)
     :param normalizer: observation normalizer: the policy sees, and the trajectories hold,
@@ -87,10 +88,10 @@ class EnvSampler(Sampler):
 
     def _check_batch(self, theta: torch.Tensor) -> tuple[int, ...]:
         batch = tuple(theta.shape[:-1])
-        n = self.env.n_agents
-        if batch[-1:] != (n,) or math.prod(batch[:-1]) != 1:
+        if not batch or math.prod(batch) != self.env.n_agents:
             raise ValueError(
-                f"theta must be [{n}, d] or [1, {n}, d] for the federated env's {n} agents (one run), got {tuple(theta.shape)}"
+                f"theta must have one batch row per agent of the federated env ({self.env.n_agents}, e.g. "
+                f"[{self.env.n_agents}, d] or [runs, agents, d]), got shape {tuple(theta.shape)}"
             )
         return batch
 
@@ -98,14 +99,13 @@ class EnvSampler(Sampler):
         batch = self._check_batch(theta)
         m = check_rollout_batch(theta, self.streams, n_trajectories)
         n, n_envs, steps = self.env.n_agents, self.env.n_envs, self.horizon + 1
-        lead = batch[:-1]
         theta = theta.detach()
 
-        def act(obs: torch.Tensor) -> torch.Tensor:  # obs [n, n_envs, *obs_shape]
-            obs = obs.to(theta.device).reshape(*lead, n, n_envs, *obs.shape[2:])
+        def act(obs: torch.Tensor) -> torch.Tensor:  # obs [N, n_envs, *obs_shape], N = prod(B)
+            obs = obs.to(theta.device).reshape(*batch, n_envs, *obs.shape[2:])
             if self.normalizer is not None:
                 obs = self.normalizer.normalize(obs, theta.dtype)
-            action = self.policy.sample(theta, obs, self.streams)  # [*lead, n, n_envs, *action_shape]
+            action = self.policy.sample(theta, obs, self.streams)  # [*B, n_envs, *action_shape]
             return action.reshape(n * n_envs, *action.shape[len(batch) + 1 :])
 
         parts = []
@@ -114,9 +114,9 @@ class EnvSampler(Sampler):
             self._reset_seed_used = True
             parts.append(self.env.rollout(act, n_steps=steps, seed=seed))
 
-        def stack(field_name: str) -> torch.Tensor:  # [n, passes · n_envs, T, ...] → first m, on θ's device
+        def stack(field_name: str) -> torch.Tensor:  # [N, passes · n_envs, T, ...] → first m, on θ's device
             value = torch.cat([getattr(p, field_name) for p in parts], dim=1)[:, :m]
-            return value.to(theta.device).reshape(*lead, n, m, *value.shape[2:])
+            return value.to(theta.device).reshape(*batch, m, *value.shape[2:])
 
         done = stack("terminated") | stack("truncated")
         traj = Trajectories.from_steps(stack("observations"), stack("actions"), stack("rewards"), done, theta.dtype)

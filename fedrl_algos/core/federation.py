@@ -22,11 +22,24 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import TaskFamily, index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["Federation", "run_keys", "adapt_parameters", "adapt_with_sampler", "combine_seed"]
+__all__ = ["Federation", "run_keys", "run_env_stream_ids", "adapt_parameters", "adapt_with_sampler", "combine_seed"]
 
 # Stream indices within a run's seed: agents use 0..n-1; these offsets keep other consumers apart.
 _SERVER_STREAM = 1 << 40
 _EVAL_STREAM = 1 << 41
+
+
+def run_env_stream_ids(seeds: Any, n_agents: int, offset: int = 0) -> list[int]:
+    """Stream ids of a ``FederatedVecEnv`` holding ``R`` runs × ``n`` agents run-major: agent ``i``
+    of the run seeded ``s`` gets a non-negative id derived from ``(s, i)``, so a run's environments
+    are seeded the same whether it runs alone or batched with others.
+
+    :param seeds: one seed per run
+    :param n_agents: agents per run
+    :param offset: kept apart for other consumers (e.g. evaluation environments)
+    """
+    keys = run_keys(torch.as_tensor(seeds, dtype=torch.int64).reshape(-1), n_agents, offset)
+    return [int(k) & ((1 << 62) - 1) for k in keys.reshape(-1).tolist()]
 
 
 def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0) -> torch.Tensor:
@@ -55,6 +68,7 @@ class Federation:
         :func:`~fedrl_algos.core.sampling.rollout`; the trajectories are the same)
     :param normalizer: observation normalizer shared by the samplers (only the training sampler
         adds to its moments; :mod:`fedrl_algos.core.normalization`)
+    :param env_reset_seed: seed of the env's first reset (``None``: the seed the env was made with)
     """
 
     family: TaskFamily | None
@@ -67,13 +81,16 @@ class Federation:
     horizon_override: int | None = None
     stop_when_done: bool = False
     normalizer: Any = None
+    env_reset_seed: int | None = None
 
     def __post_init__(self) -> None:
         self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
         self.n_runs = int(self.seeds.shape[0])
         self.device = self.policy.theta.device
         if self.env is not None:
-            self.n_agents = int(self.env.n_agents)
+            if self.env.n_agents % self.n_runs:
+                raise ValueError(f"env must hold runs x agents environments: {self.env.n_agents} agents for {self.n_runs} runs")
+            self.n_agents = int(self.env.n_agents) // self.n_runs
         else:
             first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
             self.n_agents = int(first.shape[0])
@@ -81,14 +98,12 @@ class Federation:
         self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
         self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM), self.device)
         if self.env is not None:
-            if self.n_runs != 1:
-                raise ValueError(f"seeds must hold one seed for a federation over a Gymnasium env, got {self.n_runs}")
-            seed = int(self.seeds[0])
+            seed = self.env_reset_seed
             self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed,
                                       normalizer=self.normalizer, update_normalizer=True)
             self.eval_sampler = EnvSampler(
                 self.eval_env if self.eval_env is not None else self.env, self.policy, self.eval_streams, self.horizon_override,
-                env_seed=combine_seed(seed, _EVAL_STREAM), normalizer=self.normalizer,
+                env_seed=None if seed is None else combine_seed(seed, _EVAL_STREAM), normalizer=self.normalizer,
             )
             self.row_params = None
             return
@@ -105,20 +120,26 @@ class Federation:
 
     @classmethod
     def from_env(
-        cls, env: Any, policy: Any, seed: int, gamma: float, horizon: int | None = None, eval_env: Any = None, normalizer: Any = None
+        cls, env: Any, policy: Any, seed: int | Any, gamma: float, horizon: int | None = None, eval_env: Any = None,
+        normalizer: Any = None,
     ) -> Federation:
-        """A one-run federation over the agents of a :class:`~wrappers.FederatedVecEnv` (any backend).
+        """A federation over the agents of a :class:`~wrappers.FederatedVecEnv` (any backend).
 
-        :param env: the federated env (its ``n_agents`` agents, ``n_envs`` environments each)
+        :param env: the federated env (``n_envs`` environments per agent); for ``R`` runs it holds
+            the ``R·n`` agents run-major, each seeded by its own stream id (:func:`run_env_stream_ids`)
         :param policy: the flat policy
-        :param seed: the run's seed (action streams, and the envs' first reset)
+        :param seed: the run's seed (action streams, and the envs' first reset), or one seed per run
         :param gamma: discount
         :param horizon: last time index H (default: the env's ``max_episode_steps − 1``)
         :param eval_env: a separate env for evaluation rollouts (default: ``env``)
         :param normalizer: observation normalizer
         """
-        return cls(None, None, policy, torch.tensor([int(seed)]), gamma, env=env, eval_env=eval_env, horizon_override=horizon,
-                   normalizer=normalizer)
+        # One run (an int seed): the envs' first reset is seeded by it. Seeds of several runs: the env
+        # holds every run's agents, each seeded from its own stream id when the env was made.
+        reset_seed = int(seed) if isinstance(seed, int) else None
+        seeds = torch.as_tensor(seed, dtype=torch.int64).reshape(-1)
+        return cls(None, None, policy, seeds, gamma, env=env, eval_env=eval_env, horizon_override=horizon, normalizer=normalizer,
+                   env_reset_seed=reset_seed)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """Random-stream state of every consumer (training, server sampling, evaluation)."""
