@@ -9,6 +9,7 @@ NeurIPS 2021). A batched functional core over runs ``[*R]`` and agents ``n``:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -159,17 +160,21 @@ def server_task_indices(n_agents: int, inner_batch_size: int, server_task: int |
 
 
 def make_env_server_sampler(
-    env: Any, policy: Any, seed: int, inner_batch_size: int, server_task: int | None = None, horizon: int | None = None
+    env: Any, policy: Any, seed: int | Sequence[int], inner_batch_size: int, server_task: int | None = None, horizon: int | None = None
 ) -> EnvSampler:
     """The server's sampler of a federation over a Gymnasium env: one environment per server trajectory.
 
     ``env`` is the server's own :class:`~wrappers.FederatedVecEnv` with one agent per server
-    trajectory (``agent_kwargs`` of the tasks of :func:`server_task_indices`, one env each); the
+    trajectory (``agent_kwargs`` of the tasks of :func:`server_task_indices`, one env each; for
+    several runs, every run's ``b`` agents run-major, each seeded by its stream id); the action
     streams are keyed as in :func:`make_server_sampler`.
+
+    :param seed: the run's seed (its envs' first reset is derived from it), or one seed per run
     """
-    streams = RandomStreams(derive_keys(torch.tensor([[int(seed)]]), torch.arange(inner_batch_size).reshape(1, -1) + _SERVER_TRAJ_STREAM),
-                            policy.theta.device)
-    return EnvSampler(env, policy, streams, horizon, env_seed=int(seed) ^ _SERVER_TRAJ_STREAM)
+    many = not isinstance(seed, int)
+    seeds = torch.as_tensor(seed if many else [seed], dtype=torch.int64).reshape(-1, 1)
+    streams = RandomStreams(derive_keys(seeds, torch.arange(inner_batch_size).reshape(1, -1) + _SERVER_TRAJ_STREAM), policy.theta.device)
+    return EnvSampler(env, policy, streams, horizon, env_seed=None if many else int(seed) ^ _SERVER_TRAJ_STREAM)
 
 
 def server_trajectories(sampler: Sampler, theta: torch.Tensor, n_trajectories: int) -> Trajectories:

@@ -86,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device (default cpu)")
     parser.add_argument("--out", default="fedrl_out", metavar="DIR", help="output directory (default fedrl_out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--env", choices=["cartpole", "pendulum"], default=None, help="family of the mfpo / byzantine experiments (default cartpole)")
+    parser.add_argument("--env", choices=["cartpole", "pendulum", "halfcheetah", "hopper", "pong", "breakout"], default=None,
+                        help="environment of the mfpo / byzantine experiments: a Table I row (default cartpole)")
     parser.add_argument("--budget", type=positive_float, default=None, metavar="STEPS",
                         help="environment steps per agent of the mfpo / byzantine runs (default 1e6)")
     parser.add_argument("--sb3-budget", type=positive_float, default=None, metavar="STEPS",

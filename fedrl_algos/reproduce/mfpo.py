@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import torch
+from gymnasium import spaces
 
 from fedrl_algos.core.attacks import AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.directions import GradientEstimator
@@ -41,6 +42,7 @@ from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
 from fedrl_algos.fedavg_pg import fedavg_pg_round
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
+from fedrl_algos.fedpg_br.update import make_env_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow
@@ -62,12 +64,33 @@ __all__ = [
 
 #: option ``env`` → registered family id
 ENVS = {"cartpole": "fedrl/CartPole-v0", "pendulum": "fedrl/Pendulum-v0"}
+#: option ``env`` → Gymnasium id of the MFPO paper's other four rows (sampled through the federated env)
+GENERIC_ENVS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
+#: every value of option ``env``
+ALL_ENVS = (*ENVS, *GENERIC_ENVS)
 GAMMA = 0.99
 #: Table I of the MFPO paper: mean ± std of the final average score
 PAPER_TABLE_I = {
     "cartpole": {"Fed-DQN": (234.3, 92.5), "FedPG-BR": (446.7, 53.3), "Fed-SAC": (393.4, 55.5), "MFPO": (500.0, 0.0)},
     "pendulum": {"Fed-DQN": (-604.1, 200.4), "FedPG-BR": (-264.2, 86.8), "Fed-SAC": (-377.9, 107.1), "MFPO": (-115.5, 51.4)},
+    "halfcheetah": {"Fed-DQN": (6055.6, 843.1), "FedPG-BR": (6719.4, 753.8), "Fed-SAC": (8561.5, 775.3), "MFPO": (10794.8, 520.2)},
+    "hopper": {"Fed-DQN": (1854.6, 294.9), "FedPG-BR": (1997.7, 297.7), "Fed-SAC": (2446.1, 376.5), "MFPO": (3030.9, 68.8)},
+    "pong": {"Fed-DQN": (14.6, 2.5), "FedPG-BR": (10.5, 9.2), "Fed-SAC": (18.8, 2.2), "MFPO": (20.8, 0.2)},
+    "breakout": {"Fed-DQN": (128.1, 51.6), "FedPG-BR": (255.6, 47.8), "Fed-SAC": (286.2, 54.3), "MFPO": (336.5, 42.1)},
 }
+
+
+def generic_agent_kwargs(env: str, n_agents: int) -> list[dict[str, Any]]:
+    """Heterogeneous agents of a Gymnasium row of Table I: MuJoCo bodies with mass scales spread
+    evenly over 0.75–1.25; Atari games cycling through the game's difficulties (Pong 0–3, Breakout 0–1)
+    with the DeepMind preprocessing (84×84 grey frames, 4 stacked, frame skip 4)."""
+    from wrappers.heterogeneity import atari_agent_kwargs, mujoco_agent_kwargs
+
+    if env in ("halfcheetah", "hopper"):
+        scales = [0.75 + 0.5 * i / max(n_agents - 1, 1) for i in range(n_agents)]
+        return mujoco_agent_kwargs(mass_scale=scales)
+    difficulties = {"pong": 4, "breakout": 2}[env]
+    return atari_agent_kwargs(difficulty=[i % difficulties for i in range(n_agents)])
 
 
 @dataclass(frozen=True)
@@ -94,6 +117,10 @@ class MethodConfig:
     :param eval_trajectories: evaluation episodes per agent
     :param evaluations: evaluations over a budget (one every ``budget / evaluations`` steps per agent)
     :param eval_every: rounds between evaluations when there is no step budget (quick runs)
+    :param squash: ``"tanh"``: the MFPO paper's tanh-Gaussian outputs for continuous actions
+        (Gymnasium rows; the classic-control families keep today's plain Gaussian)
+    :param horizon: episode length cap H (``H + 1`` steps) of the Gymnasium rows (``None``: the env's)
+    :param n_envs: environments per agent of the Gymnasium rows' federated env
     """
 
     local_steps: int = 10
@@ -112,6 +139,9 @@ class MethodConfig:
     eval_trajectories: int = 5
     evaluations: int = 40
     eval_every: int = 1
+    squash: str | None = None
+    horizon: int | None = None
+    n_envs: int = 20
 
     def __post_init__(self) -> None:
         check_server_optimizer("server_optimizer", self.server_optimizer)
@@ -128,31 +158,73 @@ class MethodConfig:
 
 
 class Population:
-    """``R`` seeds × ``n`` agents of a classic-control family, with the policy and evaluation.
+    """``R`` seeds × ``n`` agents of one row of Table I, with the policy and evaluation.
 
-    Agent ``i`` runs the default population's task ``i mod 10`` (agent 0: Gymnasium's defaults).
+    Classic control: agent ``i`` runs the fedrl family's default task ``i mod 10`` (agent 0:
+    Gymnasium's defaults), every seed and agent in one kernel program. The Gymnasium rows
+    (MuJoCo, Atari): the ``R·n`` agents' environments in one federated env (:func:`generic_agent_kwargs`),
+    each seeded from its run's seed (``run_env_stream_ids``), sampled through it.
     """
 
     def __init__(self, env: str, seeds: Sequence[int], n_agents: int, cfg: MethodConfig, device: str = "cpu") -> None:
         import fedrl_envs
 
-        if env not in ENVS:
-            raise ValueError(f"env must be one of {sorted(ENVS)}, got {env!r}")
+        _check_env(env)
+        self.env = env
+        self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
+        self.n_agents = n_agents
+        self.cfg = cfg
+        if env in GENERIC_ENVS:
+            self._init_generic(env, n_agents, cfg, device)
+            return
         if ENVS[env] not in fedrl_envs.FAMILIES:
             raise RuntimeError(f"{ENVS[env]} is not registered (the classic-control families of fedrl_envs are needed)")
-        self.env = env
         self.family = fedrl_envs.FAMILIES[ENVS[env]]
         tasks = self.family.train_tasks
         self.params = stack_params([tasks[i % len(tasks)] for i in range(n_agents)])
         one = tasks[0]
         self.policy = MlpPolicy(self.family.observation_space(one), self.family.action_space(one),
                                 net_arch=cfg.net_arch, activation=cfg.activation).to(device)
-        self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
-        self.n_agents = n_agents
         self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
-        self.cfg = cfg
+
+    def _init_generic(self, env: str, n_agents: int, cfg: MethodConfig, device: str) -> None:
+        from fedrl_algos.core.federation import run_env_stream_ids
+        from fedrl_algos.policies import CnnPolicy
+        from wrappers import FederatedVecEnv
+
+        self.family = None
+        self.agent_kwargs = generic_agent_kwargs(env, n_agents)
+        seeds = self.seeds.tolist()
+
+        def make(offset: int, n_envs: int) -> FederatedVecEnv:
+            return FederatedVecEnv(GENERIC_ENVS[env], n_envs, agent_kwargs=self.agent_kwargs * len(seeds), autoreset=False, seed=0,
+                                   stream_ids=run_env_stream_ids(seeds, n_agents, offset), device=device)
+
+        self.env_obj = make(0, cfg.n_envs)
+        space, actions = self.env_obj.single_observation_space, self.env_obj.single_action_space
+        if len(space.shape) == 3:  # image frames: SB3's Nature CNN
+            self.policy = CnnPolicy(space, actions, squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
+        else:
+            self.policy = MlpPolicy(space, actions, net_arch=cfg.net_arch, activation=cfg.activation,
+                                    squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
+        eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
+        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env)
+
+    def server_sampler(self, inner_batch_size: int) -> Any:
+        """FedPG-BR's server sampler: the family's kernels, or ``b`` environments of the server's own per run."""
+        if self.family is not None:
+            return make_server_sampler(self.family, self.federation.agent_params, self.policy, self.seeds, inner_batch_size)
+        from fedrl_algos.core.federation import run_env_stream_ids
+        from fedrl_algos.fedpg_br.update import server_task_indices
+        from wrappers import FederatedVecEnv
+
+        seeds = self.seeds.tolist()
+        tasks = [self.agent_kwargs[k] for k in server_task_indices(self.n_agents, inner_batch_size)]
+        server_env = FederatedVecEnv(GENERIC_ENVS[self.env], 1, agent_kwargs=tasks * len(seeds), autoreset=False, seed=0,
+                                     stream_ids=run_env_stream_ids(seeds, inner_batch_size, 1 << 43), device=self.policy.theta.device)
+        return make_env_server_sampler(server_env, self.policy, seeds, inner_batch_size, horizon=self.cfg.horizon)
 
     @property
     def n_runs(self) -> int:
@@ -290,10 +362,13 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
                    max_rounds: int = 10**6, bar: Any = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """FedPG-BR on every seed at once; returns the curve and the filter's statistics."""
     cfg = pop.cfg
+    # The Gymnasium rows' tanh-Gaussian policies: untruncated inner-loop importance weights overflowed
+    # to non-finite parameters within two quick rounds on HalfCheetah, so they use MFPO's truncation.
+    truncation = cfg.max_importance_weight if pop.family is None else None
     update = FedPGBRUpdate(pop.policy, GAMMA, cfg.batch_range, cfg.inner_batch_size, cfg.fedpg_br_lr, "auto", 0.6, 0.4,
-                           use_filter=use_filter, attack=attack, optimizer=cfg.server_optimizer)
+                           max_importance_weight=truncation, use_filter=use_filter, attack=attack, optimizer=cfg.server_optimizer)
     n = pop.n_agents
-    server = make_server_sampler(pop.family, pop.federation.agent_params, pop.policy, pop.seeds, cfg.inner_batch_size)
+    server = pop.server_sampler(cfg.inner_batch_size)
     noise = attack_streams(pop.federation.streams)
     mask = torch.zeros(n, dtype=torch.bool)
     mask[list(byzantine)] = True
@@ -318,7 +393,8 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
 
 
 #: the federated SB3 baseline of each environment that SB3 can run (DQN: discrete actions; SAC: continuous)
-SB3_BASELINES = {"cartpole": ("Fed-DQN",), "pendulum": ("Fed-SAC",)}
+SB3_BASELINES = {"cartpole": ("Fed-DQN",), "pendulum": ("Fed-SAC",), "halfcheetah": ("Fed-SAC",), "hopper": ("Fed-SAC",),
+                 "pong": ("Fed-DQN",), "breakout": ("Fed-DQN",)}
 
 
 def train_sb3_baseline(method: str, env: str, seeds: Sequence[int], budget: float, n_agents: int = 10, evaluations: int = 10,
@@ -331,9 +407,12 @@ def train_sb3_baseline(method: str, env: str, seeds: Sequence[int], budget: floa
 
     total = max(int(budget * n_agents), n_agents)
     out = []
+    # the Gymnasium rows: the same heterogeneous agents as the policy-gradient methods'
+    extra = {"agent_kwargs": generic_agent_kwargs(env, n_agents), "policy": "CnnPolicy" if env in ("pong", "breakout") else "MlpPolicy"} \
+        if env in GENERIC_ENVS else {}
     for seed in seeds:
-        rows = run_fed_baseline(method, ENVS[env], n_agents, total, int(seed), eval_every=max(total // evaluations, 1),
-                                eval_episodes=eval_episodes, device=device)
+        rows = run_fed_baseline(method, ENVS.get(env, GENERIC_ENVS.get(env)), n_agents, total, int(seed),
+                                eval_every=max(total // evaluations, 1), eval_episodes=eval_episodes, device=device, **extra)
         out += [{"seed": int(seed), "round": r["round"], "step": float(r["env_steps_per_agent"]), "trajectories": None,
                  "return": float(r["eval_return"])} for r in rows]
     return out
@@ -461,8 +540,17 @@ def _curves_figure(rows: list[dict[str, Any]], group: str, label: Callable[[Any]
 # fedrl reproduce mfpo
 # ------------------------------------------------------------------------------------------------
 def _check_env(env: str) -> None:
-    if env not in ENVS:
-        raise ValueError(f"env must be one of {sorted(ENVS)}, got {env!r}")
+    if env not in ALL_ENVS:
+        raise ValueError(f"env must be one of {sorted(ALL_ENVS)}, got {env!r}")
+
+
+def paper_methods(env: str, methods: MethodConfig) -> MethodConfig:
+    """The methods' settings for a row of Table I: ``methods`` as given, except that the default
+    (classic-control) settings on a MuJoCo or Atari row become the paper's for those domains
+    (section VI-A3): 2 ReLU layers of 256 units, tanh-Gaussian outputs, K = 20."""
+    if env in GENERIC_ENVS and methods == MethodConfig():
+        return replace(methods, local_steps=20, net_arch=(256, 256), activation="relu", squash="tanh")
+    return methods
 
 
 def _quick_methods(**changes: Any) -> MethodConfig:
@@ -511,7 +599,8 @@ class MFPOConfig:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
         4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps`` and
         ``sb3_baselines`` are kept."""
-        return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4), budget=0.0, sweep_budget=0.0,
+        generic = dict(net_arch=(16,), activation="relu", squash="tanh", horizon=15, n_envs=2) if self.env in GENERIC_ENVS else {}
+        return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4, **generic), budget=0.0, sweep_budget=0.0,
                        rounds=2, sweep_rounds=1, sb3_budget=60, sweep_max_local_steps=2)
 
 
@@ -526,7 +615,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
     config_class = MFPOConfig
 
     def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
-        cfg, env = config.methods, config.env
+        cfg, env = paper_methods(config.env, config.methods), config.env
         sb3_budget = config.sb3_budget or config.budget
         seed_list = list(range(seeds))
         records: list[dict[str, Any]] = []

@@ -11,7 +11,7 @@ algorithm package never imports this module.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,8 @@ def run_fed_baseline(
     algorithm_kwargs: Mapping[str, Any] | None = None,
     device: str = "cpu",
     progress_bar: bool = False,
+    agent_kwargs: Sequence[Mapping[str, Any]] | None = None,
+    policy: str = "MlpPolicy",
 ) -> list[dict[str, Any]]:
     """Train one federated SB3 baseline and return evaluation records (for ``fedrl reproduce mfpo``).
 
@@ -109,6 +111,9 @@ def run_fed_baseline(
     :param algorithm_kwargs: overrides of :data:`SB3_BASELINE_DEFAULTS`' defaults
     :param device: torch device of the networks
     :param progress_bar: show a progress bar
+    :param agent_kwargs: the agents' ``gym.make`` keyword arguments (any Gymnasium id; then
+        ``n_agents`` is their number)
+    :param policy: the SB3 policy name (``"CnnPolicy"`` for image observations)
     :return: one dict per evaluation: ``method``, ``env_id``, ``seed``, ``n_agents``, ``round``,
         ``env_steps`` (over all agents), ``env_steps_per_agent``, ``eval_return`` (mean over
         agents), ``eval_return_std`` (spread over agents), ``eval_return_per_agent`` (list),
@@ -126,8 +131,8 @@ def run_fed_baseline(
         eval_every = check_int("eval_every", eval_every, low=1)
     kwargs = {**defaults, **dict(algorithm_kwargs or {})}
     model = FedAvgSB3(
-        _sb3_class(class_name), env_id, n_agents=n_agents, sync_every=sync_every, aggregate=aggregate,
-        seed=seed, algorithm_kwargs=kwargs, device=device,
+        _sb3_class(class_name), env_id, n_agents=None if agent_kwargs is not None else n_agents, agent_kwargs=agent_kwargs,
+        sync_every=sync_every, aggregate=aggregate, seed=seed, algorithm_kwargs=kwargs, policy=policy, device=device,
     )
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
