@@ -11,6 +11,7 @@ Importing this package registers every family under the ``fedrl/`` namespace wit
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import gymnasium as gym
 
@@ -35,6 +36,9 @@ __all__ = [
     "GRIDWORLD",
     "PENDULUM",
     "FAMILIES",
+    "family_of",
+    "get_family",
+    "register_family",
     "ArcNavigationEnv",
     "ArcNavigationFamily",
     "ArcNavigationParams",
@@ -52,7 +56,6 @@ __all__ = [
     "RandomStreams",
     "TaskFamily",
     "derive_keys",
-    "get_family",
     "index_params",
     "params_to",
     "repeat_params",
@@ -63,7 +66,14 @@ __all__ = [
 FAMILIES: dict[str, TaskFamily] = {}
 
 
-def _register(family: TaskFamily, entry_point: str) -> None:
+def register_family(family: TaskFamily, entry_point: Any) -> None:
+    """Register a family under its ``env_id``: ``gym.make`` builds its single env from ``entry_point``
+    and ``gym.make_vec(..., vectorization_mode="vector_entry_point")`` its native batched env, and
+    the algorithms and ``FederatedVecEnv`` sample it through its kernels when given the id.
+
+    :param family: the family (its ``env_id`` is the id)
+    :param entry_point: the single env: a ``"module:Class"`` string or a callable, as ``gym.register``'s
+    """
     FAMILIES[family.env_id] = family
     if family.env_id not in gym.registry:
         gym.register(
@@ -73,15 +83,32 @@ def _register(family: TaskFamily, entry_point: str) -> None:
         )
 
 
+def family_of(env_id: str) -> TaskFamily | None:
+    """The family behind a registered id, or ``None`` for any other Gymnasium id.
+
+    A family is one of :data:`FAMILIES`, or any id registered (by :func:`register_family` or by a
+    plain ``gym.register``) with ``vector_entry_point=partial(FamilyVectorEnv.from_gym_kwargs, family)``.
+
+    :param env_id: a Gymnasium id
+    """
+    if env_id in FAMILIES:
+        return FAMILIES[env_id]
+    spec = gym.registry.get(env_id)
+    maker = getattr(spec, "vector_entry_point", None)
+    if isinstance(maker, partial) and maker.func == FamilyVectorEnv.from_gym_kwargs and maker.args and isinstance(maker.args[0], TaskFamily):
+        return maker.args[0]
+    return None
+
+
 def get_family(env_id: str) -> TaskFamily:
     """The family registered under ``env_id`` (``ValueError`` listing the known ids otherwise)."""
-    try:
-        return FAMILIES[env_id]
-    except KeyError:
-        raise ValueError(f"env_id must be a registered fedrl family, one of {sorted(FAMILIES)}; got {env_id!r}") from None
+    family = family_of(env_id) if isinstance(env_id, str) else None
+    if family is None:
+        raise ValueError(f"env_id must be a registered fedrl family, one of {sorted(FAMILIES)}; got {env_id!r}")
+    return family
 
 
-_register(GRIDWORLD, "fedrl_envs.gridworld:GridWorldEnv")
-_register(ARC_NAVIGATION, "fedrl_envs.arc_navigation:ArcNavigationEnv")
-_register(CARTPOLE, "fedrl_envs.cartpole:CartPoleEnv")
-_register(PENDULUM, "fedrl_envs.pendulum:PendulumEnv")
+register_family(GRIDWORLD, "fedrl_envs.gridworld:GridWorldEnv")
+register_family(ARC_NAVIGATION, "fedrl_envs.arc_navigation:ArcNavigationEnv")
+register_family(CARTPOLE, "fedrl_envs.cartpole:CartPoleEnv")
+register_family(PENDULUM, "fedrl_envs.pendulum:PendulumEnv")

@@ -145,14 +145,16 @@ def test_mfpo_trained_and_round_trips(page):
     assert again.rounds_done == mfpo.rounds_done == 6
 
 
-def test_an_id_of_a_users_family_is_an_ordinary_gymnasium_id(page):
-    # What the page's last section says; if fedrl gains a public family registration, update the page.
+def test_an_id_registered_with_the_familys_vector_env_is_that_family(page):
+    # What the page's last section says.
+    import fedrl_envs
+
+    assert fedrl_envs.family_of("tutorial/Chain-v0") is page["CHAIN"]
     env = FederatedVecEnv("tutorial/Chain-v0", 2, agent_kwargs=[{"goal": 5}], seed=0)
-    assert env.backend == "generic"
+    assert env.backend == "native"
     env.close()
-    with pytest.raises(ValueError, match="horizon must be given"):
-        PerFedAvgPG("TabularPolicy", "tutorial/Chain-v0", agent_kwargs=[{"goal": 5}], device="cpu")
-    by_id = PerFedAvgPG("TabularPolicy", "tutorial/Chain-v0", agent_kwargs=[{"goal": 5}], horizon=11, device="cpu")
-    assert by_id.is_generic and by_id.evaluator is None
-    by_object = PerFedAvgPG("TabularPolicy", page["CHAIN"], agent_kwargs=[{"goal": 5}], device="cpu")
-    assert not by_object.is_generic and by_object.evaluator is not None
+    by_id = PerFedAvgPG("TabularPolicy", "tutorial/Chain-v0", agent_kwargs=[{"goal": 5}], seed=0, device="cpu")
+    assert not by_id.is_generic and by_id.evaluator is not None
+    by_object = PerFedAvgPG("TabularPolicy", page["CHAIN"], agent_kwargs=[{"goal": 5}], seed=0, device="cpu")
+    assert torch.equal(by_id.learn(total_rounds=1).theta, by_object.learn(total_rounds=1).theta)
+    assert fedrl_envs.family_of("tutorial/Thermostat-v0") is None  # only an entry_point: a Gymnasium id

@@ -210,7 +210,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         if cls is FederatedVecEnv:
             if not isinstance(env_id, str):
                 raise TypeError(f"env_id must be a registered environment id (str), got {type(env_id).__name__}")
-            cls = NativeFederatedVecEnv if env_id in fedrl_envs.FAMILIES else GenericFederatedVecEnv
+            cls = NativeFederatedVecEnv if fedrl_envs.family_of(env_id) is not None else GenericFederatedVecEnv
         return super().__new__(cls)
 
     def __init__(

@@ -99,7 +99,7 @@ def resolve_federation_env(
     """
     if agent_kwargs is not None and n_agents is not None:
         raise ValueError("pass either agent_kwargs (one dict per agent) or n_agents (identical agents), not both")
-    if isinstance(env, TaskFamily) or (isinstance(env, str) and env in fedrl_envs.FAMILIES):
+    if isinstance(env, TaskFamily) or (isinstance(env, str) and fedrl_envs.family_of(env) is not None):
         if n_agents is not None:
             raise ValueError("n_agents applies to Gymnasium ids; a fedrl family's agents are its training tasks, or one per agent_kwargs dict")
         family = env if isinstance(env, TaskFamily) else fedrl_envs.get_family(env)

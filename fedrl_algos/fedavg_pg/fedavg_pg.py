@@ -204,8 +204,10 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         return self.agents_per_round or self.n_agents
 
     @property
-    def adaptation_step_size(self) -> float:
-        return self.alpha
+    def adaptation_step_size(self) -> float | None:
+        """α when one was given (FedAvg-PG learns no adaptation step: with the default α = 0,
+        :meth:`adapt` needs ``step_size``)."""
+        return self.alpha if self.alpha > 0 else None
 
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
