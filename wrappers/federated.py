@@ -588,6 +588,11 @@ class GenericFederatedVecEnv(FederatedVecEnv):
             return int(spec.max_episode_steps)
         return None
 
+    @property
+    def vectorization_mode(self) -> str:
+        """``"sync"`` or ``"async"``: how every agent's Gymnasium vector env steps."""
+        return self._vectorization_mode
+
     def _subset_kwargs(self) -> dict[str, Any]:
         return {"vectorization_mode": self._vectorization_mode}
 

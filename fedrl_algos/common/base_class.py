@@ -192,6 +192,11 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.agent_params = None if agents.agent_params is None else params_to(agents.agent_params, "cpu")
         self.agent_kwargs = agents.agent_kwargs
         self.fed_env = agents.env
+        # How a loaded model rebuilds a Gymnasium env: the same environments per agent and vectorization.
+        self.generic_env_layout = (
+            {"n_envs": int(agents.env.n_envs), "vectorization_mode": agents.env.vectorization_mode}
+            if agents.generic else None
+        )
         self.observation_space = agents.observation_space
         self.action_space = agents.action_space
         self.n_agents = agents.n_agents
@@ -219,8 +224,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT
         from wrappers import FederatedVecEnv
 
-        return FederatedVecEnv(self.env_id, n_envs or DEFAULT_ENVS_PER_AGENT, agent_kwargs=list(agent_kwargs),
-                               autoreset=False, seed=self.seed if seed is None else seed, device=self.device)
+        layout = self.__dict__.get("generic_env_layout") or {}
+        return FederatedVecEnv(self.env_id, n_envs or layout.get("n_envs", DEFAULT_ENVS_PER_AGENT), agent_kwargs=list(agent_kwargs),
+                               autoreset=False, seed=self.seed if seed is None else seed, device=self.device,
+                               vectorization_mode=layout.get("vectorization_mode"))
 
     def _migrate_saved_attributes(self) -> None:
         """Attributes of a file saved before a rename take their new names (the saved value wins
