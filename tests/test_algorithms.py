@@ -217,8 +217,8 @@ def test_bad_arguments_raise_value_error(kwargs, match):
 
 
 def test_bad_policy_env_and_totals():
-    with pytest.raises(ValueError, match="policy"):
-        PerFedAvgPG("MlpPolicy", GRID, alpha=1.0, step_size=0.1)
+    # an MlpPolicy one-hot encodes the gridworld's Discrete states (as SB3's does)
+    assert PerFedAvgPG("MlpPolicy", GRID, alpha=1.0, step_size=0.1, device="cpu").policy.one_hot_observations
     with pytest.raises(ValueError, match="policy"):
         PerFedAvgPG("CnnPolicy", GRID, alpha=1.0, step_size=0.1)
     with pytest.raises(ValueError, match="agent_kwargs"):  # a Gymnasium id needs its agents

@@ -323,3 +323,21 @@ def test_runs_batched_in_one_env_equal_each_run_alone():
                 assert torch.equal(x[0], y[r])
         alone_env.close()
     both.close()
+
+
+def test_mlp_policy_one_hot_encodes_discrete_observations():
+    """SB3's MlpPolicy one-hot encodes Discrete observations; so does fedrl's (FrozenLake, Taxi, ...)."""
+    model = FedAvgPG("MlpPolicy", "FrozenLake-v1", agent_kwargs=[{"is_slippery": False}, {"is_slippery": True}],
+                     local_steps=1, n_trajectories=8, seed=0, device="cpu")
+    policy = model.policy
+    assert policy.one_hot_observations and policy.sizes[0] == 16 and not policy.is_softmax_mlp
+    theta = policy.theta.detach().unsqueeze(0)
+    logits = policy.head(theta, torch.tensor([[0, 5, 15]]))  # [1, 3, 4]
+    w1 = theta[0, : 16 * 32].reshape(16, 32)  # row s of the first layer is what state s's one-hot selects
+    hidden = torch.tanh(w1[[0, 5, 15]] + theta[0, 16 * 32 : 16 * 32 + 32])
+    w2 = theta[0, 16 * 32 + 32 : 16 * 32 + 32 + 32 * 4].reshape(32, 4)
+    assert torch.allclose(logits[0], hidden @ w2 + theta[0, -4:], atol=1e-6)
+    model.learn(total_rounds=1)
+    assert torch.isfinite(model.theta).all()
+    action, _ = model.predict(np.array(6), deterministic=True)
+    assert int(action) in range(4)

@@ -115,11 +115,14 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         activation_fn: type[nn.Module] | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
-            raise ValueError(f"policy MlpPolicy needs a flat Box observation space, got {observation_space}")
+        # Discrete observations are one-hot encoded, as SB3's MlpPolicy does (FrozenLake, Taxi, ...).
+        self.one_hot_observations = isinstance(observation_space, spaces.Discrete)
+        if not self.one_hot_observations and (not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1):
+            raise ValueError(f"policy MlpPolicy needs a flat Box or a Discrete observation space, got {observation_space}")
         self.gaussian, out_dim, self.action_head = action_head_for(action_space, squash, "MlpPolicy")
         self.activation_name, self.activation_fn, self._activation = resolve_activation(activation, activation_fn)
-        self.sizes = [int(observation_space.shape[0]), *[int(h) for h in net_arch], out_dim]
+        n_inputs = int(observation_space.n) if self.one_hot_observations else int(observation_space.shape[0])
+        self.sizes = [n_inputs, *[int(h) for h in net_arch], out_dim]
         n_layers = len(self.sizes) - 1
         stds = [float(init_std)] * n_layers if isinstance(init_std, int | float) else [float(s) for s in init_std]
         if len(stds) == 2 and n_layers > 2:
@@ -168,6 +171,9 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     def head(self, theta: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """Network output ``[*B, *M, out]`` (logits, or the Gaussian mean)."""
         batch = theta.shape[:-1]
+        if self.one_hot_observations:  # obs [*B, *M] of integer states → [*B, *M, n]
+            space = self.observation_space
+            obs = torch.nn.functional.one_hot((obs.long() - int(space.start)).clamp(0, int(space.n) - 1), int(space.n))
         m_shape = obs.shape[len(batch) : -1]
         x = obs.to(theta.dtype).reshape(*batch, -1, obs.shape[-1])
         act = self._activation
@@ -183,7 +189,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     def is_softmax_mlp(self) -> bool:
         """Whether this is the paper's network: ``Discrete`` actions and one ``tanh`` hidden layer
         (then :meth:`score_gradient` and :meth:`hvp` are closed forms, :mod:`.mlp_kernels`)."""
-        return not self.gaussian and len(self.sizes) == 3 and self.activation_name == "tanh"
+        return not self.gaussian and not self.one_hot_observations and len(self.sizes) == 3 and self.activation_name == "tanh"
 
     def score_gradient(self, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`FlatPolicy.score_gradient`; hand-written backprop for the paper's softmax MLP."""
