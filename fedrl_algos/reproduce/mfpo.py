@@ -183,8 +183,9 @@ class Population:
         tasks = self.family.train_tasks
         self.params = stack_params([tasks[i % len(tasks)] for i in range(n_agents)])
         one = tasks[0]
-        self.policy = MlpPolicy(self.family.observation_space(one), self.family.action_space(one),
-                                net_arch=cfg.net_arch, activation=cfg.activation).to(device)
+        actions = self.family.action_space(one)
+        self.policy = MlpPolicy(self.family.observation_space(one), actions, net_arch=cfg.net_arch, activation=cfg.activation,
+                                squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
         self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
