@@ -328,3 +328,14 @@ def test_neural_model_logs_monte_carlo_returns_by_default(tmp_path):
     model.learn(total_rounds=2)
     header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
     assert "eval/pre_adaptation_return" in header and "eval/post_adaptation_return" in header
+
+
+def test_learn_stops_on_non_finite_parameters():
+    """A round that makes the parameters NaN or infinite stops learn with an error naming the round."""
+    model = _grid_model(FedAvgPG, step_size=float("inf"), local_steps=1, n_trajectories=4)
+    with pytest.raises(FloatingPointError, match=r"FedAvgPG: round 1 produced \d+ non-finite parameters"):
+        model.learn(total_rounds=3)
+    assert model.rounds_done == 0  # the failed round is not counted
+    independent = _grid_model(IndependentPG, step_size=float("inf"), n_trajectories=4)
+    with pytest.raises(FloatingPointError, match="IndependentPG: round 1"):
+        independent.learn(total_rounds=1)

@@ -300,6 +300,23 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     def evaluate_round(self) -> dict[str, float]:
         """Metrics of the current parameters, logged under ``eval/`` each round."""
 
+    def _parameters_to_check(self) -> torch.Tensor:
+        """The parameters a round produced (the server's; per-agent ones where the algorithm keeps them)."""
+        return self.policy.theta.detach()
+
+    def _check_finite_parameters(self, round_: int) -> None:
+        """Stop training on non-finite parameters instead of training on garbage.
+
+        :raise FloatingPointError: naming the round and how many parameters are NaN or infinite
+        """
+        theta = self._parameters_to_check()
+        bad = ~torch.isfinite(theta)
+        if bool(bad.any()):
+            raise FloatingPointError(
+                f"{type(self).__name__}: round {round_} produced {int(bad.sum())} non-finite parameters of {theta.numel()} "
+                "(NaN or inf); training stopped. Smaller step sizes, or normalized rewards or observations, usually help."
+            )
+
     @property
     def updates_per_round(self) -> int:
         """Parameter updates one round makes (SB3's ``n_updates``); local steps where there are any."""
@@ -383,6 +400,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         while self.num_timesteps < total_timesteps:
             callback.on_rollout_start()
             self._train_round()
+            self._check_finite_parameters(self.rounds_done + 1)
             if self.obs_normalizer is not None:
                 self.obs_normalizer.commit()  # the server pools the round's observation moments
             self.rounds_done += 1

@@ -137,6 +137,9 @@ class IndependentPG(FederatedAlgorithm):
     def updates_per_round(self) -> int:
         return self.local_steps
 
+    def _parameters_to_check(self) -> torch.Tensor:
+        return self.agent_theta
+
     def _train_round(self) -> None:
         theta = self.agent_theta.unsqueeze(0)
         self.agent_theta = independent_pg_steps(self.federation, theta, self.estimator, self.step_size, self.local_steps)[0]
