@@ -23,6 +23,7 @@ from stable_baselines3.common.type_aliases import MaybeCallback
 
 from fedrl_algos.common.env_util import resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
+from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.federation import Federation, adapt_with_sampler, combine_seed
 from fedrl_algos.core.normalization import ObservationNormalizer
@@ -32,22 +33,13 @@ from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 
-__all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma", "check_non_negative"]
+__all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma"]
 
 SelfFederatedAlgorithm = TypeVar("SelfFederatedAlgorithm", bound="FederatedAlgorithm")
 
 # Stream index of adaptation calls (kept apart from training and evaluation streams).
 _ADAPT_STREAM = 1 << 42
 _PREDICT_STREAM = 1 << 43
-
-
-def check_non_negative(name: str, value: Any) -> float:
-    """``value`` as a ``float >= 0``; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return float(value)
 
 
 def check_gamma(gamma: Any) -> float:
@@ -492,7 +484,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             if step_size is None:
                 raise ValueError(f"step_size must be given: {type(self).__name__} learns no adaptation step size of its own")
         else:
-            step_size = check_non_negative("step_size", step_size)
+            step_size = check_step_size("step_size", step_size)
         theta = self.policy.theta.detach().expand(len(tasks), -1).clone()
         if n_trajectories > 0 and steps > 0:
             counter = self.__dict__.get("_adapt_calls", 0)

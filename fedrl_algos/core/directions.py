@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedrl_algos.core.estimators import policy_gradient
@@ -25,8 +26,8 @@ SamplerFn = Callable[[torch.Tensor, int], Trajectories]
 
 
 def check_step_size(name: str, value: float) -> float:
-    """A non-negative number as ``float``; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """A non-negative number (Python or NumPy) as ``float``; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not value >= 0:
         raise ValueError(f"{name} must be >= 0, got {value}")

@@ -22,7 +22,7 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import TaskFamily, index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["Federation", "run_keys", "run_env_stream_ids", "adapt_parameters", "adapt_with_sampler", "combine_seed"]
+__all__ = ["Federation", "run_keys", "run_env_stream_ids", "adapt_with_sampler", "combine_seed"]
 
 # Stream indices within a run's seed: agents use 0..n-1; these offsets keep other consumers apart.
 _SERVER_STREAM = 1 << 40
@@ -107,16 +107,14 @@ class Federation:
             )
             self.row_params = None
             return
+        first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
         rows = torch.arange(self.n_agents).repeat(self.n_runs)
-        self.row_params = index_params(self.agent_params, rows.to(next(iter(self._tensors())).device))
+        self.row_params = index_params(self.agent_params, rows.to(first.device))
         self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams, self.horizon_override, self.stop_when_done,
                                      self.normalizer, update_normalizer=True)
         self.eval_sampler = KernelSampler(
             self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done, self.normalizer
         )
-
-    def _tensors(self) -> list[torch.Tensor]:
-        return [v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor)]
 
     @classmethod
     def from_env(
@@ -260,34 +258,6 @@ def adapt_with_sampler(
         theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
         used.append(traj)
     return theta, used
-
-
-def adapt_parameters(
-    family: TaskFamily,
-    params: Any,
-    policy: Any,
-    theta: torch.Tensor,
-    streams: RandomStreams,
-    n_trajectories: int,
-    steps: int = 1,
-    step_size: float = 1.0,
-    gamma: float = 0.9,
-) -> tuple[torch.Tensor, list[Trajectories]]:
-    """:func:`adapt_with_sampler` through a family's kernels on the task rows ``params``.
-
-    :param family: task family
-    :param params: task parameters stacked over the flattened batch rows
-    :param policy: the flat policy
-    :param theta: starting parameters ``[*B, d]``
-    :param streams: random streams with batch shape ``B``
-    :param n_trajectories: trajectories per step
-    :param steps: number of steps
-    :param step_size: step size α
-    :param gamma: discount
-
-    :return: adapted parameters ``[*B, d]`` and the trajectories used
-    """
-    return adapt_with_sampler(KernelSampler(family, params, policy, streams), policy, theta, n_trajectories, steps, step_size, gamma)
 
 
 def combine_seed(seed: int, salt: int) -> int:

@@ -13,12 +13,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round, check_non_negative
+from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
-from fedrl_algos.core.directions import GradientEstimator
+from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
@@ -142,7 +142,7 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         self.server_step_size = float(server_step_size)
         self.attack = make_attack(attack)
         self.byzantine_agents = [check_int("byzantine_agents[]", k, 0) for k in byzantine_agents]
-        self.alpha = check_non_negative("alpha", alpha)
+        self.alpha = check_step_size("alpha", alpha)
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
         self.local_step = 0

@@ -17,6 +17,7 @@ from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
+from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
@@ -134,9 +135,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         **deprecated_kwargs: Any,
     ) -> None:
         step_size = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs).get("step_size", step_size)
-        if not (isinstance(step_size, int | float) and not isinstance(step_size, bool) and step_size >= 0):
-            raise ValueError(f"step_size must be a number >= 0, got {step_size!r}")
-        self.step_size = float(step_size)
+        self.step_size = check_step_size("step_size", step_size)
         if not (isinstance(batch_range, Sequence) and len(batch_range) == 2):
             raise ValueError(f"batch_range must be a pair (B_min, B_max), got {batch_range!r}")
         b_min = check_int("batch_range[0]", batch_range[0], 2)

@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedrl_algos.common.base_class import FederatedAlgorithm, check_non_negative
+from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.deprecation import renamed_arguments
-from fedrl_algos.core.directions import PolicyGradient
+from fedrl_algos.core.directions import PolicyGradient, check_step_size
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.core import check_int
@@ -95,7 +95,7 @@ class IndependentPG(FederatedAlgorithm):
         **deprecated_kwargs: Any,
     ) -> None:
         renamed = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs)
-        self.step_size = check_non_negative("step_size", renamed.get("step_size", step_size))
+        self.step_size = check_step_size("step_size", renamed.get("step_size", step_size))
         self.n_trajectories = check_int("n_trajectories", renamed.get("n_trajectories", n_trajectories))
         self.local_steps = check_int("local_steps", renamed.get("local_steps", local_steps))
         super().__init__(

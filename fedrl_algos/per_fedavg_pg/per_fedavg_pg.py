@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round, check_non_negative
+from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
-from fedrl_algos.core.directions import GradientEstimator
+from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.core import check_int
@@ -114,8 +114,8 @@ class PerFedAvgPG(FederatedAlgorithm):
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
         self.variant = variant
-        self.alpha = check_non_negative("alpha", alpha)
-        self.step_size = check_non_negative("step_size", step_size)
+        self.alpha = check_step_size("alpha", alpha)
+        self.step_size = check_step_size("step_size", step_size)
         self.local_steps = check_int("local_steps", local_steps)
         self.m_in = check_int("m_in", m_in)
         self.m_h = check_int("m_h", m_h)
