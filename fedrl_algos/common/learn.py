@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from stable_baselines3.common import utils
 from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
+from stable_baselines3.common.logger import HumanOutputFormat, Logger
 from stable_baselines3.common.type_aliases import MaybeCallback
 
-__all__ = ["EnvFreeLearnMixin", "FederatedProgressBar"]
+__all__ = ["EnvFreeLearnMixin", "FederatedProgressBar", "make_logger"]
+
+
+def make_logger(verbose: int, tensorboard_log: str | None, tb_log_name: str, reset_num_timesteps: bool) -> Logger:
+    """SB3's default logger of ``learn``, without the empty ``SB3-<time>`` folder it makes in the
+    system temp directory on every call when nothing is written to files.
+
+    :param verbose: 0 silent, 1 the logger's records on stdout
+    :param tensorboard_log: TensorBoard directory (then SB3's ``configure_logger`` as usual)
+    :param tb_log_name: TensorBoard run name
+    :param reset_num_timesteps: start a new TensorBoard run (``False``: continue the last one)
+    """
+    if tensorboard_log is not None:
+        return utils.configure_logger(verbose, tensorboard_log, tb_log_name, reset_num_timesteps)
+    return Logger(folder=None, output_formats=[HumanOutputFormat(sys.stdout)] if verbose >= 1 else [])
 
 
 class FederatedProgressBar(ProgressBarCallback):
@@ -48,7 +64,7 @@ class EnvFreeLearnMixin:
         self._total_timesteps = total_timesteps
         self._num_timesteps_at_start = self.num_timesteps
         if not self._custom_logger:
-            self._logger = utils.configure_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
+            self._logger = make_logger(self.verbose, self.tensorboard_log, tb_log_name, reset_num_timesteps)
         return total_timesteps, self._init_callback(callback, progress_bar)
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
