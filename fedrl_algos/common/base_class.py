@@ -21,7 +21,7 @@ from gymnasium import spaces as gym_spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.type_aliases import MaybeCallback
 
-from fedrl_algos.common.env_util import resolve_federation_env
+from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
@@ -32,6 +32,7 @@ from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
+from wrappers import FederatedVecEnv
 
 __all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma"]
 
@@ -193,18 +194,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.action_space = agents.action_space
         self.n_agents = agents.n_agents
         self.n_envs = self.n_agents
-        self._check_policy_fits()
         if self.normalize_observations and not isinstance(self.observation_space, gym_spaces.Box):
             raise ValueError(f"normalize_observations needs Box observations, {self.env_id} has {self.observation_space}")
-
-    def _check_policy_fits(self) -> None:
-        """A ``ValueError`` naming ``policy`` when the policy class cannot act in the env's spaces."""
-        try:
-            self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs)
-        except ValueError as err:
-            raise ValueError(f"policy {self.policy_class.__name__} does not fit {self.env_id}: {err}") from err
-        except TypeError:
-            pass  # wrong policy_kwargs: reported with the argument's name when the policy is built
 
     @property
     def is_generic(self) -> bool:
@@ -213,9 +204,6 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
     def _generic_env(self, agent_kwargs: Sequence[dict[str, Any]], n_envs: int | None = None, seed: int | None = None) -> Any:
         """A fixed-horizon ``FederatedVecEnv`` of this model's Gymnasium id with the given agents."""
-        from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT
-        from wrappers import FederatedVecEnv
-
         layout = self.__dict__.get("generic_env_layout") or {}
         return FederatedVecEnv(self.env_id, n_envs or layout.get("n_envs", DEFAULT_ENVS_PER_AGENT), agent_kwargs=list(agent_kwargs),
                                autoreset=False, seed=self.seed if seed is None else seed, device=self.device,
@@ -264,6 +252,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             policy = self.policy_class(self.observation_space, self.action_space, **self.policy_kwargs)
         except TypeError as err:
             raise ValueError(f"policy_kwargs {self.policy_kwargs} do not fit {self.policy_class.__name__}: {err}") from err
+        except ValueError as err:  # the policy cannot act in these spaces
+            raise ValueError(f"policy {self.policy_class.__name__} does not fit {self.env_id}: {err}") from err
         self.policy = policy.to(self.device)
         self.policy.seed_predictions(combine_seed(self.seed, _PREDICT_STREAM))
         self.federation = self._make_federation()
@@ -492,8 +482,6 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             key_seed = seed if seed is not None else combine_seed(self.seed, _ADAPT_STREAM + counter)
             streams = RandomStreams(derive_keys(key_seed, torch.arange(len(tasks)) + _ADAPT_STREAM), self.device)
             if self.is_generic:
-                from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT
-
                 env = self._generic_env(tasks, min(n_trajectories, DEFAULT_ENVS_PER_AGENT), key_seed)
                 try:
                     sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed,
