@@ -5,7 +5,7 @@ targets (``fedrl bench algos``, ...) add themselves to :data:`BENCH_TARGETS`.
 
 How the numbers are made (also printed under the table):
 
-* **native steps/s**: environment steps per second of :class:`wrappers.FederatedVecEnv` with
+* **native steps/s**: environment steps per second of :class:`fedrl_wrappers.FederatedVecEnv` with
   ``n_agents × n_envs`` environments, autoreset on, action checks on, stepping with random actions
   drawn before the clock starts (a block of 16 steps' worth, cycled);
 * **SyncVectorEnv steps/s**: ``gymnasium.vector.SyncVectorEnv`` over ``gym.make`` single envs of
@@ -295,7 +295,7 @@ def bench_envs(
     import torch
 
     import fedrl_envs
-    from wrappers import FederatedVecEnv
+    from fedrl_wrappers import FederatedVecEnv
 
     sync_max_envs = (8 if quick else 1024) if sync_max_envs is None else sync_max_envs
     min_time = (0.05 if quick else 1.0) if min_time is None else min_time

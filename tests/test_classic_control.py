@@ -588,7 +588,7 @@ def test_cartpole_autoreset_with_terminations_at_different_times():
 
 
 def test_federated_vec_env_runs_the_families_natively():
-    from wrappers import FederatedVecEnv
+    from fedrl_wrappers import FederatedVecEnv
 
     for env_id, action in ((CP, lambda n: torch.randint(0, 2, (n,))), (PD, lambda n: torch.rand(n, 1) * 4 - 2)):
         venv = FederatedVecEnv(env_id, n_envs=2, seed=0)

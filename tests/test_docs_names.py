@@ -1,4 +1,4 @@
-"""Every dotted ``fedrl_envs.*``/``wrappers.*``/``fedrl_algos.*`` name quoted in README.md and docs/ exists.
+"""Every dotted ``fedrl_envs.*``/``fedrl_wrappers.*``/``wrappers.*``/``fedrl_algos.*`` name quoted in README.md and docs/ exists.
 
 Code moves (issue 11 moved most of ``fedrl_algos``); a page that names a function which is no longer
 there misleads the reader, so the names in backticks are resolved here: the longest importable
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-NAME = re.compile(r"`((?:fedrl_algos|fedrl_envs|wrappers)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+NAME = re.compile(r"`((?:fedrl_algos|fedrl_envs|fedrl_wrappers|wrappers)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 
 
 def _resolves(name: str) -> bool:

@@ -30,7 +30,7 @@ from fedrl_algos import FedAvgSB3
 from fedrl_algos.fedavg_sb3 import ParameterAverage, PolicySelector, PrefixSelector, default_selector, parameter_average
 from fedrl_algos.fedavg_sb3.persistence import CONFIG_NAME, FORMAT_VERSION, read_archive, write_archive
 from fedrl_algos.reproduce.sb3_baselines import SB3_BASELINE_DEFAULTS, run_fed_baseline
-from wrappers import FederatedVecEnv
+from fedrl_wrappers import FederatedVecEnv
 
 DATA = pathlib.Path(__file__).parent / "data"
 CARTPOLE = "fedrl/CartPole-v0"
@@ -369,7 +369,7 @@ def test_loads_a_federation_saved_before_the_split():
     #             "policy_kwargs": {"net_arch": [8]}}, device="cpu").learn(80).save(...)
     # and the .json beside it holds that federation's deterministic actions on a fixed batch of observations.
     pytest.importorskip("mujoco")
-    from wrappers.heterogeneity import MuJoCoDynamics
+    from fedrl_wrappers.heterogeneity import MuJoCoDynamics
 
     expected = json.loads((DATA / "fedavg_sb3_format1_halfcheetah.json").read_text())
     loaded = FedAvgSB3.load(DATA / "fedavg_sb3_format1_halfcheetah.zip", device="cpu")

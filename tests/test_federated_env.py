@@ -1,4 +1,4 @@
-"""Tests of wrappers.FederatedVecEnv (issue 3): separation, agreement, determinism, modes, interop."""
+"""Tests of fedrl_wrappers.FederatedVecEnv (public name wrappers.FederatedVecEnv) (issue 3): separation, agreement, determinism, modes, interop."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gymnasium.vector import AutoresetMode
 import fedrl_envs
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys
 from fedrl_envs.core import alive_mask
-from wrappers import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
+from fedrl_wrappers import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
 
 GRID = "fedrl/GridWorld-v0"
 ARC = "fedrl/ArcNavigation-v0"
@@ -278,7 +278,7 @@ def test_rollout_collects_whole_trajectories():
 def test_rollout_returns_an_env_rollout_and_trajectories_is_a_deprecated_alias():
     venv = FederatedVecEnv(GRID, 2, agents=[0, 1], seed=3, autoreset=False)
     assert type(venv.rollout(lambda obs: torch.zeros(obs.shape, dtype=torch.long))) is EnvRollout
-    for module in ("wrappers", "wrappers.federated"):
+    for module in ("wrappers", "wrappers.federated", "fedrl_wrappers", "fedrl_wrappers.federated"):
         with pytest.warns(DeprecationWarning, match=rf"{module}\.Trajectories is deprecated.*{module}\.EnvRollout") as record:
             alias = importlib.import_module(module).Trajectories
         assert alias is EnvRollout
@@ -500,7 +500,7 @@ def test_sb3_view_helpers():
 
 
 def test_sb3_adapter_checks_the_vector_env_contract_not_the_class():
-    from wrappers.sb3 import SB3VecEnv
+    from fedrl_wrappers.sb3 import SB3VecEnv
 
     family_venv = fedrl_envs.FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks[:2], n_envs=2, seed=0)
     view = SB3VecEnv(family_venv)

@@ -1,13 +1,16 @@
 """The package layering stays as designed: no import cycles, and a leaf functional core.
 
-An AST walk over ``fedrl_envs``, ``wrappers`` and ``fedrl_algos`` collects every import, at module
+An AST walk over ``fedrl_envs``, ``fedrl_wrappers``, ``fedrl_algos`` and the alias package ``wrappers``
+collects every import, at module
 level *and inside functions* (only ``if TYPE_CHECKING:`` blocks are skipped: they never run), and
 resolves it to a module of the project. Then:
 
 * the graph "module A imports module B" has no cycle;
 * no module of ``fedrl_algos.core`` imports anything of ``fedrl_algos`` outside ``core``;
-* ``fedrl_envs`` imports neither ``wrappers`` nor ``fedrl_algos``; ``wrappers`` does not import
-  ``fedrl_algos`` (envs → wrappers → core → policies → algorithms → reproduce/CLI);
+* ``fedrl_envs`` imports nothing else of fedrl; ``fedrl_wrappers`` does not import ``fedrl_algos``
+  (envs → fedrl_wrappers → core → policies → algorithms → reproduce/CLI);
+* no library module imports ``wrappers``, the public alias of ``fedrl_wrappers``: a user's own
+  module of that name must not break fedrl; ``wrappers`` itself imports ``fedrl_wrappers`` only;
 * no algorithm package imports another one.
 """
 
@@ -17,7 +20,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("fedrl_envs", "wrappers", "fedrl_algos")
+PACKAGES = ("fedrl_envs", "fedrl_wrappers", "fedrl_algos", "wrappers")
+#: the packages of the library proper (``wrappers`` is only an alias of ``fedrl_wrappers``)
+LIBRARY = ("fedrl_envs", "fedrl_wrappers", "fedrl_algos")
 #: one package per algorithm; none may import another
 ALGORITHM_PACKAGES = (
     "fedrl_algos.per_fedavg_pg",
@@ -159,9 +164,24 @@ def test_lower_layers_do_not_import_upper_ones() -> None:
         for m, targets in graph.items()
         for t in sorted(targets)
         if (_within(m, "fedrl_envs") and not _within(t, "fedrl_envs"))
-        or (_within(m, "wrappers") and _within(t, "fedrl_algos"))
+        or (_within(m, "fedrl_wrappers") and _within(t, "fedrl_algos"))
     ]
     assert not bad, "; ".join(bad)
+
+
+def test_the_library_never_imports_the_wrappers_alias() -> None:
+    graph = import_graph()
+    bad = [
+        f"{m} imports {t}"
+        for m, targets in graph.items()
+        for t in sorted(targets)
+        if any(_within(m, pkg) for pkg in LIBRARY) and _within(t, "wrappers")
+    ]
+    assert not bad, "fedrl's own modules must import fedrl_wrappers, not its alias wrappers: " + "; ".join(bad)
+    alias = [f"{m} imports {t}" for m, targets in graph.items() if _within(m, "wrappers") for t in sorted(targets) if not _within(t, "fedrl_wrappers")]
+    assert not alias, "the alias package wrappers re-exports fedrl_wrappers only: " + "; ".join(alias)
+    # the walk sees the alias modules and their imports (the checks above are not vacuous)
+    assert graph["wrappers.federated"] == {"fedrl_wrappers.federated"}
 
 
 def test_algorithms_do_not_import_each_other() -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from wrappers import FederatedVecEnv
-from wrappers.heterogeneity import (
+from fedrl_wrappers import FederatedVecEnv
+from fedrl_wrappers.heterogeneity import (
     AtariPreprocess,
     BodyMassScale,
     FrictionScale,

@@ -21,7 +21,7 @@ from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params
-from wrappers import FederatedVecEnv
+from fedrl_wrappers import FederatedVecEnv
 
 ENV_ID = "TestOnlyReach-v0"
 GRID_ID = "fedrl/GridWorld-v0"

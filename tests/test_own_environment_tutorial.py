@@ -27,7 +27,7 @@ from fedrl_algos.core import KernelSampler
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
 from fedrl_envs import FamilyVectorEnv, RandomStreams, derive_keys, stack_params
-from wrappers import FederatedVecEnv
+from fedrl_wrappers import FederatedVecEnv
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "own_environment.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

@@ -1,20 +1,18 @@
-"""Federated vectorized environments and adapters to other RL libraries.
+"""fedrl's federated environments under their public name: the package :mod:`fedrl_wrappers`.
 
-``FederatedVecEnv`` (``wrappers.federated``) runs every agent's own MDP in one batched vector env;
-its ``rollout`` returns an ``EnvRollout``. ``wrappers.sb3.SB3VecEnv`` (made by
-``FederatedVecEnv.to_sb3``) exposes one agent to Stable-Baselines3. See ``docs/federated_env.md``.
+``wrappers`` re-exports :mod:`fedrl_wrappers`: the same classes (``wrappers.FederatedVecEnv is
+fedrl_wrappers.FederatedVecEnv``), and ``wrappers.federated``, ``wrappers.sb3`` and
+``wrappers.heterogeneity`` are the very module objects ``fedrl_wrappers.federated``, ... .
+fedrl's own code imports ``fedrl_wrappers``, so a project with its own module named ``wrappers``
+can still use ``fedrl_envs`` and ``fedrl_algos``; such a project imports fedrl's classes from
+``fedrl_wrappers``. See ``docs/federated_env.md``.
 """
 
 from typing import Any
 
-from wrappers.federated import (
-    _DEPRECATED,
-    EnvRollout,
-    FederatedVecEnv,
-    GenericFederatedVecEnv,
-    NativeFederatedVecEnv,
-    _deprecated,
-)
+from fedrl_wrappers import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
+from fedrl_wrappers import federated as federated
+from fedrl_wrappers.federated import _DEPRECATED, _deprecated
 
 __all__ = ["EnvRollout", "FederatedVecEnv", "GenericFederatedVecEnv", "NativeFederatedVecEnv"]
 

@@ -32,7 +32,7 @@ from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
-from wrappers import FederatedVecEnv
+from fedrl_wrappers import FederatedVecEnv
 
 __all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma"]
 

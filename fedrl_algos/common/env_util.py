@@ -5,7 +5,7 @@ One meaning of ``env`` across algorithms:
 * a registered fedrl family id or a :class:`~fedrl_envs.TaskFamily`: its training tasks, one agent
   each (or, with ``agent_kwargs``, one task per dict of ``make_params`` arguments), sampled through
   the family's batched kernels;
-* a :class:`~wrappers.FederatedVecEnv` of either backend (or a native ``FamilyVectorEnv``): its agents;
+* a :class:`~fedrl_wrappers.FederatedVecEnv` of either backend (or a native ``FamilyVectorEnv``): its agents;
 * any other registered Gymnasium id with ``agent_kwargs=[{...}, ...]`` (one ``gym.make`` dict per
   agent) or ``n_agents=N`` (identical copies): a generic ``FederatedVecEnv`` is built for it.
 """
@@ -20,7 +20,7 @@ import torch
 
 import fedrl_envs
 from fedrl_envs.core import TaskFamily, check_int, stack_params
-from wrappers.federated import FederatedVecEnv
+from fedrl_wrappers.federated import FederatedVecEnv
 
 __all__ = ["FederationEnv", "resolve_federation_env", "n_tasks", "DEFAULT_ENVS_PER_AGENT"]
 

@@ -3,7 +3,7 @@
 :class:`EnvSampler` is the :class:`~fedrl_algos.core.sampling.Sampler` of a federation whose agents
 are Gymnasium environments rather than a fedrl family's kernels: a MuJoCo or Atari task, CartPole
 with per-agent physics, or a user's own env. Each call rolls out fixed-horizon episodes on the
-:class:`~wrappers.FederatedVecEnv` (``n_agents × n_envs`` environments, every agent's own vector env
+:class:`~fedrl_wrappers.FederatedVecEnv` (``n_agents × n_envs`` environments, every agent's own vector env
 stepped sync or in async processes), with **one batched policy forward per time step** for all
 agents and trajectories, and assembles the same :class:`~fedrl_algos.core.trajectories.Trajectories`
 batch as the kernel sampler: steps after an episode ended are masked (``alive_mask`` of the
@@ -23,7 +23,7 @@ from fedrl_algos.core.sampling import Sampler
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
 from fedrl_envs.core import check_int
 from fedrl_envs.rng import RandomStreams
-from wrappers.federated import FederatedVecEnv
+from fedrl_wrappers.federated import FederatedVecEnv
 
 __all__ = ["EnvSampler", "episode_horizon"]
 
@@ -47,7 +47,7 @@ def episode_horizon(env: FederatedVecEnv, horizon: int | None = None) -> int:
 
 @dataclass
 class EnvSampler(Sampler):
-    """Samples ``m`` episodes per agent from a :class:`~wrappers.FederatedVecEnv`: ``sampler(theta, m)``.
+    """Samples ``m`` episodes per agent from a :class:`~fedrl_wrappers.FederatedVecEnv`: ``sampler(theta, m)``.
 
     ``theta`` is ``[*B, d]`` with one batch row per agent of the env (``prod(B) == env.n_agents``):
     ``[n, d]`` for one federation, or ``[R, n, d]`` for ``R`` runs whose ``R·n`` agents the env holds

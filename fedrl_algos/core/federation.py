@@ -53,7 +53,7 @@ class Federation:
 
     The agents are either a fedrl family's tasks (``family`` and ``agent_params``: every run and
     agent sampled through the family's kernels in one program) or the agents of any Gymnasium
-    environment (:meth:`from_env`: a :class:`~wrappers.FederatedVecEnv`, one run).
+    environment (:meth:`from_env`: a :class:`~fedrl_wrappers.FederatedVecEnv`, one run).
 
     :param family: task family (``None`` with ``env``)
     :param agent_params: per-agent task parameters stacked ``[n]`` (``None`` with ``env``)
@@ -121,7 +121,7 @@ class Federation:
         cls, env: Any, policy: Any, seed: int | Any, gamma: float, horizon: int | None = None, eval_env: Any = None,
         normalizer: Any = None,
     ) -> Federation:
-        """A federation over the agents of a :class:`~wrappers.FederatedVecEnv` (any backend).
+        """A federation over the agents of a :class:`~fedrl_wrappers.FederatedVecEnv` (any backend).
 
         :param env: the federated env (``n_envs`` environments per agent); for ``R`` runs it holds
             the ``R·n`` agents run-major, each seeded by its own stream id (:func:`run_env_stream_ids`)

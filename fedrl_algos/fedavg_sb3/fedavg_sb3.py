@@ -46,7 +46,7 @@ from fedrl_algos.fedavg_sb3.persistence import (
 from fedrl_envs import derive_keys
 from fedrl_envs.core import check_int
 from fedrl_envs.rng import seed_from_entropy
-from wrappers.federated import FederatedVecEnv
+from fedrl_wrappers.federated import FederatedVecEnv
 
 SelfFedAvgSB3 = TypeVar("SelfFedAvgSB3", bound="FedAvgSB3")
 
@@ -94,11 +94,11 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
     :param algorithm_class: an SB3 algorithm (``DQN``, ``SAC``, ``PPO``, ``TD3``, ``A2C``, ...)
     :param env: a registered id — a fedrl family (``"fedrl/CartPole-v0"``; default population or
         ``agent_kwargs``) or any Gymnasium id with ``agent_kwargs`` (``"HalfCheetah-v5"``) — or a
-        :class:`~wrappers.FederatedVecEnv`, whose ``to_sb3(agent=i)`` views are used
+        :class:`~fedrl_wrappers.FederatedVecEnv`, whose ``to_sb3(agent=i)`` views are used
     :param n_agents: number of agents: the first ``n_agents`` tasks of a fedrl family (default:
         all of them), or that many identical agents of a Gymnasium id without ``agent_kwargs``
     :param agent_kwargs: one dict of ``gym.make`` keyword arguments per agent (see
-        :mod:`wrappers.heterogeneity` for MuJoCo and Atari)
+        :mod:`fedrl_wrappers.heterogeneity` for MuJoCo and Atari)
     :param sync_every: environment steps per agent between two synchronizations (default: one
         rollout, ``n_steps * n_envs``, for on-policy algorithms; ten training phases,
         ``10 * train_freq * n_envs``, for off-policy ones). Must be a multiple of the SB3 model's
@@ -417,7 +417,7 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         """Mean return of each agent's model on its own MDP: ``[n_agents]``.
 
         Needs a fixed episode limit (fedrl families, MuJoCo): ``n_episodes`` fresh episodes per
-        agent run side by side in one fixed-horizon :class:`~wrappers.FederatedVecEnv`.
+        agent run side by side in one fixed-horizon :class:`~fedrl_wrappers.FederatedVecEnv`.
 
         :param n_episodes: evaluation episodes per agent
         :param seed: seed of the evaluation episodes (default: derived from the federation's seed)
@@ -522,7 +522,7 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
 
         :param path: the saved zip (``.zip`` is tried when the path has no suffix and does not exist)
             or a readable binary file object
-        :param env: a :class:`~wrappers.FederatedVecEnv` with the same number of agents (default:
+        :param env: a :class:`~fedrl_wrappers.FederatedVecEnv` with the same number of agents (default:
             rebuilt from the saved id and agent kwargs)
         :param device: device of the agents' networks
         :param aggregate: the server rule, required when the federation was saved with a custom one

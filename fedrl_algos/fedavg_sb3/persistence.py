@@ -4,7 +4,7 @@ One zip holds :data:`CONFIG_NAME` (JSON: algorithm and policy as ``module:qualna
 environment id, per-agent ``gym.make`` kwargs, ``sync_every``, aggregation mode, seed, counters)
 and ``agent_<i>.zip``, each agent's own SB3 zip. The per-agent kwargs are stored as a JSON string
 inside the JSON, with wrapper factories (MuJoCo, Atari) written by
-:func:`wrappers.heterogeneity.factory_to_json`. :data:`FORMAT_VERSION` 1 is the format written
+:func:`fedrl_wrappers.heterogeneity.factory_to_json`. :data:`FORMAT_VERSION` 1 is the format written
 since the first release; files of that version must keep loading.
 """
 
@@ -38,9 +38,9 @@ FORMAT_VERSION = 1
 
 
 def _json_default(obj: Any) -> Any:
-    # wrappers.heterogeneity is imported here, not at module level: only kwargs that hold
+    # fedrl_wrappers.heterogeneity is imported here, not at module level: only kwargs that hold
     # something plain JSON cannot write (NumPy scalars, tuples, wrapper factories) need it.
-    from wrappers.heterogeneity import factory_to_json
+    from fedrl_wrappers.heterogeneity import factory_to_json
 
     if isinstance(obj, np.generic):
         return obj.item()
@@ -54,7 +54,7 @@ def _json_default(obj: Any) -> Any:
 
 def _json_hook(obj: dict[str, Any]) -> Any:
     if "wrapper_factory" in obj:
-        from wrappers.heterogeneity import factory_from_json
+        from fedrl_wrappers.heterogeneity import factory_from_json
 
         return factory_from_json(obj)
     return obj

@@ -164,7 +164,7 @@ def make_env_server_sampler(
 ) -> EnvSampler:
     """The server's sampler of a federation over a Gymnasium env: one environment per server trajectory.
 
-    ``env`` is the server's own :class:`~wrappers.FederatedVecEnv` with one agent per server
+    ``env`` is the server's own :class:`~fedrl_wrappers.FederatedVecEnv` with one agent per server
     trajectory (``agent_kwargs`` of the tasks of :func:`server_task_indices`, one env each; for
     several runs, every run's ``b`` agents run-major, each seeded by its stream id); the action
     streams are keyed as in :func:`make_server_sampler`.

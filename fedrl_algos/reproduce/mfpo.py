@@ -84,7 +84,7 @@ def generic_agent_kwargs(env: str, n_agents: int) -> list[dict[str, Any]]:
     """Heterogeneous agents of a Gymnasium row of Table I: MuJoCo bodies with mass scales spread
     evenly over 0.75–1.25; Atari games cycling through the game's difficulties (Pong 0–3, Breakout 0–1)
     with the DeepMind preprocessing (84×84 grey frames, 4 stacked, frame skip 4)."""
-    from wrappers.heterogeneity import atari_agent_kwargs, mujoco_agent_kwargs
+    from fedrl_wrappers.heterogeneity import atari_agent_kwargs, mujoco_agent_kwargs
 
     if env in ("halfcheetah", "hopper"):
         scales = [0.75 + 0.5 * i / max(n_agents - 1, 1) for i in range(n_agents)]
@@ -193,7 +193,7 @@ class Population:
     def _init_generic(self, env: str, n_agents: int, cfg: MethodConfig, device: str) -> None:
         from fedrl_algos.core.federation import run_env_stream_ids
         from fedrl_algos.policies import CnnPolicy
-        from wrappers import FederatedVecEnv
+        from fedrl_wrappers import FederatedVecEnv
 
         self.family = None
         self.agent_kwargs = generic_agent_kwargs(env, n_agents)
@@ -219,7 +219,7 @@ class Population:
             return make_server_sampler(self.family, self.federation.agent_params, self.policy, self.seeds, inner_batch_size)
         from fedrl_algos.core.federation import run_env_stream_ids
         from fedrl_algos.fedpg_br.update import server_task_indices
-        from wrappers import FederatedVecEnv
+        from fedrl_wrappers import FederatedVecEnv
 
         seeds = self.seeds.tolist()
         tasks = [self.agent_kwargs[k] for k in server_task_indices(self.n_agents, inner_batch_size)]

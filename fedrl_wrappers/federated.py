@@ -1,0 +1,708 @@
+"""The federated vectorized environment: every agent's own MDP, all agents stepping together.
+
+:class:`FederatedVecEnv` runs ``n_agents × n_envs`` environments as one
+``gymnasium.vector.VectorEnv`` over the flat, agent-major batch (row ``i * n_envs + j`` is agent
+``i``'s environment ``j``). Two backends sit behind the one constructor:
+
+* **native** (:class:`NativeFederatedVecEnv`), for every registered fedrl family: the family's
+  batched torch kernel steps all agents in one call; observations, rewards and flags are torch
+  tensors on ``device``; random numbers come from one counter-based stream per agent
+  (:class:`fedrl_envs.RandomStreams`);
+* **generic** (:class:`GenericFederatedVecEnv`), for any other Gymnasium id: one Gymnasium
+  ``SyncVectorEnv`` (or ``AsyncVectorEnv``) per agent, built with that agent's ``gym.make``
+  keyword arguments; results are stacked into torch tensors on ``device``.
+
+See ``docs/federated_env.md`` for shapes, modes and interoperability.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+import fedrl_envs
+from fedrl_envs import FamilyVectorEnv, derive_keys
+from fedrl_envs.core import alive_mask, check_device, check_int, check_seed
+from fedrl_envs.rng import seed_from_entropy
+
+if TYPE_CHECKING:
+    from stable_baselines3.common.vec_env import VecEnv
+
+__all__ = ["FederatedVecEnv", "NativeFederatedVecEnv", "GenericFederatedVecEnv", "EnvRollout"]
+
+_SEED_MASK = (1 << 62) - 1
+
+
+class EnvRollout(NamedTuple):
+    """Steps collected by :meth:`FederatedVecEnv.rollout`; axes ``[agent, env, time, ...]``.
+
+    Not to be confused with ``fedrl_algos.core.Trajectories``, the algorithms' batch (indices and
+    masks ready for the estimators); this is what the environment returns (observations as the
+    environment gives them, flags, and the last observation).
+
+    Step ``t`` takes ``actions[..., t]`` in the state observed as ``observations[..., t]`` and
+    earns ``rewards[..., t]``. In the fixed-horizon mode an environment whose episode terminated
+    early is padded: its later steps repeat the last observation, earn reward 0 and keep
+    ``terminated`` set, so ``alive`` masks the steps that really happened.
+    """
+
+    #: ``[n_agents, n_envs, T, *obs_shape]``, the observation each action is taken in (the fields are
+    #: views of time-major storage: ``x[:, :, t]`` is contiguous; ``.contiguous()`` copies if needed)
+    observations: torch.Tensor
+    #: ``[n_agents, n_envs, T, *action_shape]``
+    actions: torch.Tensor
+    #: ``[n_agents, n_envs, T]`` float32
+    rewards: torch.Tensor
+    #: ``[n_agents, n_envs, T]`` bool
+    terminated: torch.Tensor
+    #: ``[n_agents, n_envs, T]`` bool
+    truncated: torch.Tensor
+    #: ``[n_agents, n_envs, *obs_shape]``, the observation after the last step
+    last_observations: torch.Tensor
+
+    @property
+    def alive(self) -> torch.Tensor:
+        """``[n_agents, n_envs, T]`` bool: step ``t`` was taken before any termination (fixed horizon).
+
+        The library's one episode mask, :func:`fedrl_envs.core.alive_mask` (the terminating step
+        itself is alive).
+        """
+        return alive_mask(self.terminated)
+
+
+#: deprecated name -> its replacement in this module, kept importable for one release.
+#: ``Trajectories`` clashed with ``fedrl_algos.core.Trajectories``, the algorithms' batch type.
+_DEPRECATED = {"Trajectories": "EnvRollout"}
+
+
+def _deprecated(module: str, name: str, stacklevel: int) -> Any:
+    """The replacement of the deprecated ``module.name``, with a ``DeprecationWarning`` naming it.
+
+    :param module: the module the name was looked up in (``wrappers`` or ``fedrl_wrappers.federated``)
+    :param name: a key of ``_DEPRECATED``
+    :param stacklevel: as for ``warnings.warn``, counted from the caller of this function (2 from a
+        module ``__getattr__``: the code that looked the name up)
+    """
+    new = _DEPRECATED[name]
+    warnings.warn(
+        f"{module}.{name} is deprecated and will be removed in the next release; use {module}.{new}, the same class",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        return _deprecated(__name__, name, stacklevel=2)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[str, Any]] | None:
+    if agent_kwargs is None:
+        return None
+    if isinstance(agent_kwargs, Mapping) or not isinstance(agent_kwargs, Sequence):
+        raise TypeError(f"agent_kwargs must be a list with one dict per agent, got {type(agent_kwargs).__name__}")
+    if len(agent_kwargs) == 0:
+        raise ValueError("agent_kwargs must be a non-empty list with one dict per agent")
+    for k, kw in enumerate(agent_kwargs):
+        if not isinstance(kw, Mapping):
+            raise TypeError(f"agent_kwargs[{k}] must be a dict of gym.make keyword arguments, got {type(kw).__name__}")
+    if n_expected is not None and len(agent_kwargs) != n_expected:
+        raise ValueError(
+            f"agent_kwargs must have one dict per agent: len(agents)={n_expected}, got len(agent_kwargs)={len(agent_kwargs)}"
+        )
+    return [dict(kw) for kw in agent_kwargs]
+
+
+def _check_stream_ids(stream_ids: Any, n_agents: int) -> list[int]:
+    if stream_ids is None:
+        return list(range(n_agents))
+    ids = [check_int(f"stream_ids[{k}]", s, 0) for k, s in enumerate(stream_ids)]
+    if len(ids) != n_agents:
+        raise ValueError(f"stream_ids must have one entry per agent ({n_agents}), got {len(ids)}")
+    return ids
+
+
+def _agent_list(agents: Any, n_tasks: int, owner: str, name: str = "agents") -> list[int]:
+    """``agents`` as a non-empty list of ints in ``[0, n_tasks)``; errors name ``name``."""
+    if isinstance(agents, int | np.integer) or not isinstance(agents, Sequence | np.ndarray | torch.Tensor | range):
+        raise TypeError(f"{name} must be a list of indices, got {type(agents).__name__}")
+    values = agents.tolist() if isinstance(agents, np.ndarray | torch.Tensor) else list(agents)
+    if len(values) == 0:
+        raise ValueError(f"{name} must be a non-empty list of indices")
+    out = []
+    for pos, k in enumerate(values):
+        try:
+            out.append(check_int(f"{name}[{pos}]", k, 0, n_tasks - 1))
+        except ValueError as err:
+            # The range alone does not say which list the index points into.
+            raise ValueError(f"{err} ({owner} has {n_tasks})") from None
+    return out
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    """What :class:`FederatedVecEnv`'s constructor hands its backend (see its ``:param:`` list).
+
+    ``n_envs``, ``device`` and ``seed`` are checked and converted, ``env_kwargs`` is a dict; the
+    rest is as given, for the backend to check.
+    """
+
+    n_envs: int
+    agents: Sequence[int] | None
+    agent_kwargs: Sequence[Mapping[str, Any]] | None
+    device: torch.device
+    seed: int | None
+    autoreset: bool
+    env_kwargs: dict[str, Any]
+    stream_ids: Sequence[int] | None
+    vectorization_mode: str | None
+
+
+class FederatedVecEnv(VectorEnv, ABC):
+    """``n_agents × n_envs`` environments, each agent with its own task, as one vector env.
+
+    ``FederatedVecEnv(...)`` returns a :class:`NativeFederatedVecEnv` for a fedrl family id and a
+    :class:`GenericFederatedVecEnv` for any other Gymnasium id; both are instances of this class.
+
+    :param env_id: a fedrl family id (``"fedrl/GridWorld-v0"``) or any registered Gymnasium id
+    :param n_envs: environments per agent (>= 1)
+    :param agents: fedrl families only: task indices into the family's training tasks, one per
+        agent (``None``: all training tasks, e.g. the paper's 8 gridworld goals)
+    :param agent_kwargs: one dict of ``gym.make`` keyword arguments per agent (any task, e.g. a
+        held-out goal, or ``{"g": 5.0}`` for ``Pendulum-v1``); with ``agents`` given, merged into
+        each chosen task's arguments
+    :param device: torch device of every returned tensor
+    :param seed: seed of the agents' random streams (``None``: drawn at random); ``reset(seed=)``
+        re-seeds
+    :param autoreset: ``True``: ``SAME_STEP`` autoreset; ``False``: the fixed-horizon mode
+    :param env_kwargs: ``gym.make`` keyword arguments shared by all agents (agent kwargs win)
+    :param stream_ids: index of each agent's random stream (default ``0..n_agents-1``, the agent's
+        position); an agent keeps its trajectories in any batch that gives it the same index
+    :param vectorization_mode: generic backend only: ``"sync"`` (``None``, the default) or
+        ``"async"``; the native backend is one batched program and refuses it
+    """
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    #: ``"native"`` or ``"generic"``
+    backend: str
+    env_id: str
+    n_agents: int
+    n_envs: int
+    device: torch.device
+    autoreset: bool
+    #: last time index H of an episode (``H + 1`` steps), or ``None`` without a fixed limit
+    horizon: int | None
+    #: per-agent ``gym.make`` keyword arguments that recreate each agent's task
+    agent_kwargs: list[dict[str, Any]]
+    stream_ids: list[int]
+
+    def __new__(cls, env_id: str | None = None, *args: Any, **kwargs: Any) -> FederatedVecEnv:
+        if cls is FederatedVecEnv:
+            if not isinstance(env_id, str):
+                raise TypeError(f"env_id must be a registered environment id (str), got {type(env_id).__name__}")
+            cls = NativeFederatedVecEnv if fedrl_envs.family_of(env_id) is not None else GenericFederatedVecEnv
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        env_id: str,
+        n_envs: int,
+        agents: Sequence[int] | None = None,
+        agent_kwargs: Sequence[Mapping[str, Any]] | None = None,
+        device: torch.device | str = "cpu",
+        seed: int | None = None,
+        autoreset: bool = True,
+        env_kwargs: Mapping[str, Any] | None = None,
+        stream_ids: Sequence[int] | None = None,
+        vectorization_mode: str | None = None,
+    ) -> None:
+        # One signature and one set of argument checks for both backends; each builds in _build.
+        if not isinstance(autoreset, bool):
+            raise TypeError(f"autoreset must be a bool, got {type(autoreset).__name__}")
+        self.env_id = env_id
+        self._elapsed = 0
+        self._finished: torch.Tensor | None = None
+        self._frozen_obs: torch.Tensor | None = None
+        self._build(
+            _Arguments(
+                n_envs=check_int("n_envs", n_envs, 1),
+                agents=agents,
+                agent_kwargs=agent_kwargs,
+                device=check_device(device),
+                seed=check_seed(seed),
+                autoreset=autoreset,
+                env_kwargs=dict(env_kwargs or {}),
+                stream_ids=stream_ids,
+                vectorization_mode=vectorization_mode,
+            )
+        )
+
+    @abstractmethod
+    def _build(self, args: _Arguments) -> None:
+        """Build the backend from the constructor's arguments (``n_envs``, ``device``, ``seed``, ``autoreset`` checked)."""
+
+    # --- shared behaviour ----------------------------------------------------------------------
+    @property
+    def max_episode_steps(self) -> int | None:
+        """Steps of a full episode, ``horizon + 1`` (``None`` without a fixed limit)."""
+        return None if self.horizon is None else self.horizon + 1
+
+    def structured(self, batch: Any) -> Any:
+        """View a flat batch ``[num_envs, ...]`` (tensor or array) as ``[n_agents, n_envs, ...]`` (no copy)."""
+        if batch.shape[0] != self.num_envs:
+            raise ValueError(f"batch must have num_envs={self.num_envs} rows, got shape {tuple(batch.shape)}")
+        return batch.reshape(self.n_agents, self.n_envs, *batch.shape[1:])
+
+    def _start_episode(self) -> None:
+        self._elapsed = 0
+        self._finished = None
+        self._frozen_obs = None
+
+    def _check_steppable(self) -> None:
+        if self.closed:
+            raise ValueError("this environment is closed; create a new one instead of stepping it")
+        limit = self.max_episode_steps
+        if not self.autoreset and limit is not None and self._elapsed >= limit:
+            raise RuntimeError(
+                f"fixed-horizon mode: all {limit} steps of the episode were taken; call reset() to start the next block"
+            )
+
+    def _pad_finished(
+        self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Fixed-horizon mode: after an early termination an env repeats its last observation, reward 0."""
+        finished = self._finished
+        if finished is None:
+            # One check per step until something terminates; nothing to pad before that.
+            if not bool(terminated.any()):
+                return obs, reward, terminated
+        else:
+            mask = finished.reshape(finished.shape + (1,) * (obs.dim() - 1))
+            obs = torch.where(mask, self._frozen_obs, obs)
+            reward = torch.where(finished, torch.zeros_like(reward), reward)
+            terminated = terminated | finished
+        self._finished = terminated
+        self._frozen_obs = obs
+        return obs, reward, terminated
+
+    def subset(
+        self, agents: Sequence[int], n_envs: int | None = None, autoreset: bool | None = None
+    ) -> FederatedVecEnv:
+        """A new, independent federation of the agents at positions ``agents`` of this one.
+
+        Each chosen agent keeps its task and its random stream (same seed and stream index), so
+        given the same seed and actions it reproduces the trajectories it has here.
+        """
+        positions = _agent_list(agents, self.n_agents, "this federation's agent list")
+        return FederatedVecEnv(
+            self.env_id,
+            self.n_envs if n_envs is None else n_envs,
+            agent_kwargs=[self.agent_kwargs[p] for p in positions],
+            device=self.device,
+            seed=self._seed,
+            autoreset=self.autoreset if autoreset is None else autoreset,
+            stream_ids=[self.stream_ids[p] for p in positions],
+            **self._subset_kwargs(),
+        )
+
+    def _subset_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def to_sb3(self, agent: int | None, monitor: bool = True) -> VecEnv:
+        """Agent ``agent``'s MDP as a Stable-Baselines3 ``VecEnv`` (numpy in/out, SB3 autoreset).
+
+        The view is an independent copy (:meth:`subset`) with this federation's ``n_envs``, device,
+        seed and the agent's stream; stepping it does not step this federation. ``agent=None``
+        exposes every agent's environments as one ``VecEnv`` of ``num_envs`` rows instead.
+
+        :param agent: position of the agent in this federation, or ``None`` for all agents
+        :param monitor: wrap the view in SB3's ``VecMonitor`` (episode returns in SB3's logs)
+        """
+        from fedrl_wrappers.sb3 import SB3VecEnv
+
+        if agent is None:
+            positions = list(range(self.n_agents))
+        else:
+            positions = [check_int("agent", agent, 0, self.n_agents - 1)]
+        view: VecEnv = SB3VecEnv(self.subset(positions, autoreset=True))
+        if monitor:
+            from stable_baselines3.common.vec_env import VecMonitor
+
+            view = VecMonitor(view)
+        return view
+
+    def _policy_actions(self, actions: Any) -> torch.Tensor:
+        act_shape = tuple(self.single_action_space.shape or ())
+        if not isinstance(actions, torch.Tensor):
+            actions = torch.as_tensor(np.asarray(actions), device=self.device)
+        if tuple(actions.shape) == (self.n_agents, self.n_envs, *act_shape):
+            actions = actions.reshape(self.num_envs, *act_shape)
+        return actions
+
+    def rollout(
+        self,
+        policy_fn: Callable[[torch.Tensor], Any],
+        n_steps: int | None = None,
+        seed: int | None = None,
+    ) -> EnvRollout:
+        """Reset, then collect ``n_steps`` steps of every environment with ``policy_fn`` in the loop.
+
+        :param policy_fn: maps observations ``[n_agents, n_envs, *obs_shape]`` (the structured
+            view) to actions ``[n_agents, n_envs, *action_shape]`` or ``[num_envs, *action_shape]``
+        :param n_steps: steps to collect (default ``horizon + 1``: one whole episode per env in the
+            fixed-horizon mode)
+        :param seed: passed to :meth:`reset`
+        :return: :class:`EnvRollout` with axes ``[agent, env, time, ...]``
+        """
+        if n_steps is None:
+            if self.horizon is None:
+                raise ValueError(f"n_steps is required: {self.env_id} has no fixed horizon")
+            n_steps = self.horizon + 1
+        n_steps = check_int("n_steps", n_steps, 1)
+        limit = self.max_episode_steps
+        if not self.autoreset and limit is not None and n_steps > limit:
+            raise ValueError(f"n_steps must be <= horizon + 1 = {limit} in the fixed-horizon mode, got {n_steps}")
+        obs, _ = self.reset(seed=seed)
+        observations, actions, rewards, terminated, truncated = [], [], [], [], []
+        for _ in range(n_steps):
+            action = self._policy_actions(policy_fn(self.structured(obs)))
+            observations.append(obs)
+            actions.append(action)
+            obs, reward, term, trunc, _ = self.step(action)
+            rewards.append(reward)
+            terminated.append(term)
+            truncated.append(trunc)
+
+        def stack(items: list[torch.Tensor]) -> torch.Tensor:
+            # Stored time-major (a contiguous copy, 3x cheaper than stacking on dim 1); returned as
+            # a [agent, env, time, ...] view whose time slices stay contiguous.
+            flat = torch.stack([x.to(self.device) for x in items])  # [time, num_envs, ...]
+            return flat.reshape(n_steps, self.n_agents, self.n_envs, *flat.shape[2:]).movedim(0, 2)
+
+        return EnvRollout(
+            stack(observations), stack(actions), stack(rewards), stack(terminated), stack(truncated), self.structured(obs)
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.env_id!r}, n_agents={self.n_agents}, n_envs={self.n_envs}, "
+            f"device={str(self.device)!r}, autoreset={self.autoreset})"
+        )
+
+
+class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
+    """The native backend: a fedrl family's kernel steps every agent's environments in one call.
+
+    Built by ``FederatedVecEnv(family_id, ...)``; the stepping, autoreset and action checks are
+    :class:`fedrl_envs.FamilyVectorEnv`'s. Adds ``final_info`` to the autoreset info, the
+    fixed-horizon guard and padding, and stream indices per agent. ``family``, ``agent_params``
+    (stacked per-agent task parameters on ``device``), ``params`` (repeated per env row),
+    ``streams``, ``state`` and ``set_state`` come from the base class.
+    """
+
+    backend = "native"
+
+    def _build(self, args: _Arguments) -> None:
+        env_id, agents, agent_kwargs, env_kwargs = self.env_id, args.agents, args.agent_kwargs, args.env_kwargs
+        family = fedrl_envs.get_family(env_id)
+        if args.vectorization_mode is not None:
+            raise ValueError(
+                f"vectorization_mode is for the generic backend; {env_id} runs natively (all agents in one "
+                f"batched program), got vectorization_mode={args.vectorization_mode!r}"
+            )
+        if agents is not None:
+            picks = _agent_list(agents, len(family.train_tasks), f"{env_id}'s list of training tasks")
+            extra = _check_agent_kwargs(agent_kwargs, len(picks)) or [{} for _ in picks]
+            make = [{**env_kwargs, "agent": k, **kw} for k, kw in zip(picks, extra, strict=True)]
+        elif agent_kwargs is not None:
+            make = [{**env_kwargs, **kw} for kw in _check_agent_kwargs(agent_kwargs, None)]  # type: ignore[union-attr]
+        else:
+            make = [{**env_kwargs, **family.task_kwargs(task)} for task in family.train_tasks]
+        tasks = []
+        for k, kw in enumerate(make):
+            try:
+                tasks.append(family.make_params(**kw))
+            except TypeError as err:
+                raise TypeError(f"agent_kwargs[{k}]: {err}") from err
+            except ValueError as err:
+                raise ValueError(f"agent_kwargs[{k}]: {err}") from err
+        self.agent_kwargs = [family.task_kwargs(task) for task in tasks]
+        self.stream_ids = _check_stream_ids(args.stream_ids, len(tasks))
+        FamilyVectorEnv.__init__(
+            self, family, tasks, n_envs=args.n_envs, device=args.device, seed=args.seed, autoreset=args.autoreset
+        )
+
+    def _make_streams(self, seed: int | None) -> fedrl_envs.RandomStreams:
+        self._seed = seed_from_entropy() if seed is None else seed
+        return fedrl_envs.RandomStreams(derive_keys(self._seed, torch.tensor(self.stream_ids)), self.device)
+
+    def reset(
+        self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        self._start_episode()
+        return FamilyVectorEnv.reset(self, seed=seed, options=options)
+
+    def set_state(self, state: torch.Tensor, t: torch.Tensor | int = 0) -> torch.Tensor:
+        obs = FamilyVectorEnv.set_state(self, state, t)
+        self._start_episode()
+        self._elapsed = int(self._t.min())
+        return obs
+
+    def step(self, actions: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Step all ``num_envs`` environments with actions ``[num_envs, *action_shape]`` (torch or numpy)."""
+        self._check_steppable()
+        if not isinstance(actions, torch.Tensor):
+            actions = np.asarray(actions)
+            if actions.dtype.kind not in "biuf":
+                raise TypeError(f"actions must be a numeric array or tensor, got dtype {actions.dtype}")
+        obs, reward, terminated, truncated, info = FamilyVectorEnv.step(self, actions)
+        self._elapsed += 1
+        if info:
+            info["final_info"] = {}
+            info["_final_info"] = info["_final_obs"]
+        elif not self.autoreset:
+            obs, reward, terminated = self._pad_finished(obs, reward, terminated)
+        return obs, reward, terminated, truncated, info
+
+
+def _blank(example: np.ndarray, n: int) -> np.ndarray:
+    if example.dtype == object:
+        return np.full((n, *example.shape[1:]), None, dtype=object)
+    return np.zeros((n, *example.shape[1:]), dtype=example.dtype)
+
+
+def _concat_infos(infos: list[dict[str, Any]], n_envs: int) -> dict[str, Any]:
+    """Concatenate per-agent Gymnasium vector infos (``key`` plus mask ``_key``) along the batch."""
+    keys: list[str] = []
+    for info in infos:
+        keys.extend(k for k in info if k not in keys)
+    out: dict[str, Any] = {}
+    for key in keys:
+        if key.startswith("_") and key[1:] in keys:
+            continue
+        parts = [info.get(key) for info in infos]
+        example = next(p for p in parts if p is not None)
+        if isinstance(example, dict):
+            out[key] = _concat_infos([p if p is not None else {} for p in parts], n_envs)
+        else:
+            example = np.asarray(example)
+            out[key] = np.concatenate([np.asarray(p) if p is not None else _blank(example, n_envs) for p in parts])
+        masks = [
+            np.asarray(info.get(f"_{key}", np.full(n_envs, key in info)), dtype=bool) for info in infos
+        ]
+        out[f"_{key}"] = np.concatenate(masks)
+    return out
+
+
+class GenericFederatedVecEnv(FederatedVecEnv):
+    """The generic backend: one Gymnasium vector env per agent, results stacked on ``device``.
+
+    Each agent ``i`` runs ``gym.make_vec(env_id, n_envs, vectorization_mode, **kwargs_i)`` with
+    ``SAME_STEP`` autoreset; agent ``i``'s sub-environments are seeded from ``(seed, stream_ids[i])``.
+    Observations, rewards (float32) and flags come back as torch tensors on ``device``, and
+    ``info["final_obs"]`` as a tensor ``[num_envs, *obs_shape]`` that equals the returned
+    observation where ``info["_final_obs"]`` is false; every other info entry is the agents'
+    Gymnasium infos concatenated along the batch (NumPy arrays with ``_key`` masks).
+    """
+
+    backend = "generic"
+    family = None
+
+    def _build(self, args: _Arguments) -> None:
+        env_id, n_envs, autoreset, vectorization_mode = self.env_id, args.n_envs, args.autoreset, args.vectorization_mode
+        if args.agents is not None:
+            raise ValueError(
+                f"agents selects training tasks of a fedrl family; {env_id} is not one "
+                f"(families: {sorted(fedrl_envs.FAMILIES)}): give each agent its gym.make kwargs with agent_kwargs"
+            )
+        if env_id not in gym.registry:
+            raise ValueError(f"env_id {env_id!r} is not a registered Gymnasium environment")
+        if vectorization_mode is None:
+            vectorization_mode = "sync"
+        if vectorization_mode not in ("sync", "async"):
+            raise ValueError(f"vectorization_mode must be 'sync' or 'async', got {vectorization_mode!r}")
+        self.device = args.device
+        self._seed = args.seed
+        per_agent = _check_agent_kwargs(args.agent_kwargs, None) or [{}]
+        self.agent_kwargs = [{**args.env_kwargs, **kw} for kw in per_agent]
+        self.n_agents = len(self.agent_kwargs)
+        self.n_envs = n_envs
+        self.num_envs = self.n_agents * n_envs
+        self.stream_ids = _check_stream_ids(args.stream_ids, self.n_agents)
+        self.autoreset = autoreset
+        self._vectorization_mode = vectorization_mode
+        self._venvs: list[VectorEnv] = []
+        try:
+            for k, kw in enumerate(self.agent_kwargs):
+                try:
+                    venv = gym.make_vec(
+                        env_id,
+                        num_envs=n_envs,
+                        vectorization_mode=vectorization_mode,
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                        **kw,
+                    )
+                except TypeError as err:
+                    raise TypeError(f"agent_kwargs[{k}]: {err}") from err
+                self._venvs.append(venv)
+            spaces = {(repr(v.single_observation_space), repr(v.single_action_space)) for v in self._venvs}
+            if len(spaces) != 1:
+                raise ValueError(f"agent_kwargs must give every agent the same spaces, got {sorted(spaces)}")
+        except BaseException:
+            for venv in self._venvs:
+                venv.close()
+            raise
+        first = self._venvs[0]
+        self.single_observation_space = first.single_observation_space
+        self.single_action_space = first.single_action_space
+        if isinstance(self.single_observation_space, gym.spaces.Dict | gym.spaces.Tuple):
+            self.close()
+            raise TypeError(f"{env_id}: Dict and Tuple observation spaces are not supported by FederatedVecEnv")
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        limits = {self._max_steps(v) for v in self._venvs}
+        if len(limits) > 1 and not autoreset:
+            self.close()
+            raise ValueError("the fixed-horizon mode needs one episode limit (max_episode_steps) shared by all agents")
+        limit = next(iter(limits)) if len(limits) == 1 else None
+        self.horizon = None if limit is None else limit - 1
+        self.metadata = dict(self.metadata)
+        self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP if autoreset else AutoresetMode.DISABLED
+        self.render_mode = None
+        self._reset_done = False
+
+    @staticmethod
+    def _max_steps(venv: VectorEnv) -> int | None:
+        spec = venv.get_attr("spec")[0]  # the sub-environments' spec (make_vec's own may differ)
+        if spec is not None and spec.max_episode_steps is not None:
+            return int(spec.max_episode_steps)
+        return None
+
+    @property
+    def vectorization_mode(self) -> str:
+        """``"sync"`` or ``"async"``: how every agent's Gymnasium vector env steps."""
+        return self._vectorization_mode
+
+    def _subset_kwargs(self) -> dict[str, Any]:
+        return {"vectorization_mode": self._vectorization_mode}
+
+    def _agent_seeds(self, seed: int) -> list[int]:
+        keys = derive_keys(seed, torch.tensor(self.stream_ids))
+        return [int(k) & _SEED_MASK for k in keys.tolist()]
+
+    def _to_tensor(self, parts: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
+        out = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts)))
+        if dtype is not None:
+            out = out.to(dtype)
+        return out.to(self.device)
+
+    def reset(
+        self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Reset every agent's vector env; an int ``seed`` re-seeds agent ``i`` from ``(seed, stream_ids[i])``."""
+        if self.closed:
+            raise ValueError("this environment is closed; create a new one instead of resetting it")
+        if isinstance(seed, list | tuple):
+            if len(set(seed)) != 1:
+                raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
+            seed = seed[0]
+        seed = check_seed(seed)
+        if seed is None and not self._reset_done:
+            seed = self._seed if self._seed is not None else seed_from_entropy()
+        if seed is not None:
+            self._seed = seed
+        seeds = self._agent_seeds(seed) if seed is not None else [None] * self.n_agents
+        results = [venv.reset(seed=s, options=options) for venv, s in zip(self._venvs, seeds, strict=True)]
+        self._reset_done = True
+        self._start_episode()
+        obs = self._to_tensor([r[0] for r in results])
+        return obs, _concat_infos([r[1] for r in results], self.n_envs)
+
+    def _as_action_array(self, actions: Any) -> np.ndarray:
+        space = self.single_action_space
+        if isinstance(actions, torch.Tensor):
+            arr = actions.detach().cpu().numpy()
+        else:
+            arr = np.asarray(actions)
+        expected = (self.num_envs, *(space.shape or ()))
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+            raise TypeError(f"actions must be a numeric array or tensor, got dtype {arr.dtype}")
+        if arr.shape != expected:
+            raise ValueError(f"actions must have shape {expected} (num_envs, *action_shape), got {arr.shape}")
+        if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
+            if not np.issubdtype(arr.dtype, np.integer):
+                raise TypeError(f"actions must be integers for {space}, got dtype {arr.dtype}")
+            low = space.start if not isinstance(space, gym.spaces.MultiBinary) else 0
+            high = low + space.n - 1 if isinstance(space, gym.spaces.Discrete) else None
+            if isinstance(space, gym.spaces.MultiDiscrete):
+                high = space.start + space.nvec - 1
+            elif isinstance(space, gym.spaces.MultiBinary):
+                high = 1
+            if arr.size and (np.any(arr < low) or np.any(arr > high)):
+                raise ValueError(f"actions must lie in {space}, got values in [{arr.min()}, {arr.max()}]")
+            return arr.astype(space.dtype, copy=False)
+        if isinstance(space, gym.spaces.Box):
+            if arr.dtype == np.bool_:
+                raise TypeError(f"actions must be real numbers for {space}, got dtype bool")
+            # Finite values only; outside the bounds is the environment's business (Pendulum clips
+            # the torque), as for the native families (TaskFamily.validate_action).
+            arr = arr.astype(space.dtype, copy=False)
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"actions must be finite for {space}, got {int(np.sum(~np.isfinite(arr)))} non-finite values")
+            return arr
+        for row, a in enumerate(arr):
+            if not space.contains(a):
+                raise ValueError(f"actions[{row}] must be an element of {space}, got {a!r}")
+        return arr
+
+    def step(self, actions: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """Step every agent's vector env with its rows of ``actions`` ``[num_envs, *action_shape]``."""
+        self._check_steppable()
+        if not self._reset_done:
+            raise RuntimeError("call reset() before step()")
+        arr = self._as_action_array(actions)  # all checks pass before any agent steps
+        per_agent = arr.reshape(self.n_agents, self.n_envs, *arr.shape[1:])
+        results = [venv.step(per_agent[i]) for i, venv in enumerate(self._venvs)]
+        self._elapsed += 1
+        obs = self._to_tensor([r[0] for r in results])
+        reward = self._to_tensor([np.asarray(r[1]) for r in results], torch.float32)
+        terminated = self._to_tensor([np.asarray(r[2], dtype=bool) for r in results])
+        truncated = self._to_tensor([np.asarray(r[3], dtype=bool) for r in results])
+        info = _concat_infos([r[4] for r in results], self.n_envs)
+        if "final_obs" in info:
+            done_np = info["_final_obs"]
+            rows = np.flatnonzero(done_np)
+            final = obs.clone()
+            final[torch.from_numpy(rows).to(self.device)] = torch.as_tensor(
+                np.stack(list(info["final_obs"][rows])), dtype=obs.dtype
+            ).to(self.device)
+            if self.autoreset:
+                info["final_obs"] = final
+                info["_final_obs"] = torch.from_numpy(done_np).to(self.device)
+            else:
+                # Fixed horizon: no reset is visible; the episode's last observation is returned.
+                obs = final
+                for key in ("final_obs", "_final_obs", "final_info", "_final_info"):
+                    info.pop(key, None)
+        if not self.autoreset:
+            obs, reward, terminated = self._pad_finished(obs, reward, terminated)
+        return obs, reward, terminated, truncated, info
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for venv in self._venvs:
+            venv.close()
+
+    @property
+    def agent_envs(self) -> list[VectorEnv]:
+        """The Gymnasium vector env of each agent (row block ``i`` of the flat batch)."""
+        return self._venvs
