@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
@@ -35,6 +36,7 @@ __all__ = [
     "check_int",
     "check_seed",
     "check_device",
+    "check_array_type",
     "alive_mask",
 ]
 
@@ -95,6 +97,38 @@ def check_device(device: Any, name: str = "device") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name}={str(dev)!r} but CUDA is not available on this machine")
     return dev
+
+
+#: what a vector env may return: torch tensors on its device, or NumPy arrays
+ARRAY_TYPES = ("torch", "numpy")
+
+
+def check_array_type(array_type: Any, name: str = "array_type") -> str:
+    """``array_type`` as one of :data:`ARRAY_TYPES`; ``TypeError``/``ValueError`` naming ``name`` otherwise.
+
+    :param array_type: ``"torch"`` or ``"numpy"``
+    :param name: the argument's name, for the error message
+    """
+    if not isinstance(array_type, str):
+        raise TypeError(f"{name} must be one of {ARRAY_TYPES} (a str), got {type(array_type).__name__}")
+    if array_type not in ARRAY_TYPES:
+        raise ValueError(f"{name} must be one of {ARRAY_TYPES}, got {array_type!r}")
+    return array_type
+
+
+def _reset_mask(options: dict[str, Any] | None, num_envs: int) -> np.ndarray | None:
+    """Gymnasium's ``options["reset_mask"]`` (bool NumPy array ``[num_envs]``, or a bool tensor), checked."""
+    if not options or "reset_mask" not in options:
+        return None
+    mask = options["reset_mask"]
+    mask = mask.detach().cpu().numpy() if isinstance(mask, torch.Tensor) else mask
+    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+        raise TypeError(f"options['reset_mask'] must be a bool NumPy array, got {type(mask).__name__} of dtype {getattr(mask, 'dtype', None)}")
+    if mask.shape != (num_envs,):
+        raise ValueError(f"options['reset_mask'] must have shape ({num_envs},), got {mask.shape}")
+    if not mask.any():
+        raise ValueError("options['reset_mask'] must be true for at least one environment")
+    return mask
 
 
 def _tensor_fields(params: Any) -> list[str]:
@@ -383,7 +417,10 @@ class FamilyVectorEnv(VectorEnv):
     Row ``i * n_envs + j`` is agent ``i``'s environment ``j`` (agent-major). Every agent has its
     own task parameters and its own random stream, so an agent's trajectories depend neither on
     the other agents nor on where the batch runs. Observations, rewards and flags are torch
-    tensors on ``device``, and never views of the internal state. Autoreset is ``SAME_STEP``:
+    tensors on ``device`` (``array_type="torch"``) or NumPy arrays (``array_type="numpy"``:
+    observations in the observation space's dtype, rewards ``float32``, flags ``bool``, infos
+    NumPy too), and never views of the internal state; the kernels run on ``device`` either way.
+    Actions may be torch tensors or NumPy arrays in both. Autoreset is ``SAME_STEP``:
     when an episode ends, the returned observation is already the first of the next episode and
     ``info["final_obs"]`` (a tensor like the observations, meaningful where the mask
     ``info["_final_obs"]`` is true) holds the last observation of the finished one;
@@ -399,8 +436,12 @@ class FamilyVectorEnv(VectorEnv):
     :param device: torch device of the whole batch
     :param seed: seed of the agents' random streams (drawn at random when ``None``); agent ``i``'s
         stream is keyed by ``(seed, i)``, so the single env seeded alike draws agent 0's
-    :param autoreset: ``False`` gives the fixed-horizon mode: no reset until :meth:`reset`, and
-        steps after the last one continue from the final states with ``truncated`` still true
+    :param autoreset: ``False`` gives the fixed-horizon mode (``AutoresetMode.DISABLED``): no
+        reset until :meth:`reset`, and steps after the last one continue from the final states
+        with ``truncated`` still true; ``reset(options={"reset_mask": mask})`` resets only the
+        rows of ``mask``, as in Gymnasium's vector envs
+    :param array_type: ``"torch"`` (tensors on ``device``) or ``"numpy"`` (NumPy arrays, for
+        NumPy libraries such as Gymnasium's vector wrappers)
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -413,9 +454,11 @@ class FamilyVectorEnv(VectorEnv):
         device: torch.device | str = "cpu",
         seed: int | None = None,
         autoreset: bool = True,
+        array_type: str = "torch",
     ) -> None:
         n_envs = check_int("n_envs", n_envs, 1)
         seed = check_seed(seed)
+        self.array_type = check_array_type(array_type)
         self.family = family
         self.device = check_device(device)
         if isinstance(tasks, Sequence):
@@ -444,6 +487,11 @@ class FamilyVectorEnv(VectorEnv):
         self.streams = self._make_streams(seed)
         self._state: torch.Tensor | None = None
         self._t = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """``SAME_STEP`` (``autoreset=True``) or ``DISABLED`` (the fixed-horizon mode), as ``metadata["autoreset_mode"]``."""
+        return self.metadata["autoreset_mode"]
 
     def _make_streams(self, seed: int | None) -> RandomStreams:
         if seed is None:
@@ -474,6 +522,42 @@ class FamilyVectorEnv(VectorEnv):
             obs = obs.clone()
         return obs
 
+    def _export(self, x: torch.Tensor, dtype: Any = None) -> Any:
+        """A returned tensor in the caller's array type (NumPy: on the CPU, in ``dtype`` if given)."""
+        if self.array_type == "torch":
+            return x
+        out = x.detach().cpu().numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def _export_obs(self, obs: torch.Tensor) -> Any:
+        return self._export(obs, self.single_observation_space.dtype)
+
+    def _export_info(self, info: dict[str, Any]) -> dict[str, Any]:
+        if self.array_type == "torch":
+            return info
+        out: dict[str, Any] = {}
+        for key, value in info.items():
+            if isinstance(value, dict):
+                out[key] = self._export_info(value)
+            elif key == "final_obs" and isinstance(value, torch.Tensor):
+                out[key] = self._export_obs(value)
+            else:
+                out[key] = self._export(value) if isinstance(value, torch.Tensor) else value
+        return out
+
+    def _export_step(
+        self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, info: dict[str, Any]
+    ) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        if self.array_type == "torch":
+            return obs, reward, terminated, truncated, info
+        return (
+            self._export_obs(obs),
+            self._export(reward, np.float32),
+            self._export(terminated, np.bool_),
+            self._export(truncated, np.bool_),
+            self._export_info(info),
+        )
+
     def _check_open(self) -> None:
         if self.closed:
             raise ValueError("this environment is closed; create a new one instead of stepping it")
@@ -499,7 +583,7 @@ class FamilyVectorEnv(VectorEnv):
             raise RuntimeError("call reset() before reading the state")
         return self._state
 
-    def set_state(self, state: Any, t: torch.Tensor | int = 0) -> torch.Tensor:
+    def set_state(self, state: Any, t: torch.Tensor | int = 0) -> Any:
         """Put every environment into ``state`` (flat batch) at time index ``t``; returns observations.
 
         :param state: kernel states ``[num_envs, ...]`` (validated, copied, never clipped)
@@ -518,30 +602,56 @@ class FamilyVectorEnv(VectorEnv):
         self.family.validate_state(state_t, self.params)
         self._state = state_t
         self._t = t_t.to(self.device, torch.int64).expand(self.num_envs).clone()
-        return self._observe(self._state)
+        return self._export_obs(self._observe(self._state))
 
     # --- VectorEnv API -------------------------------------------------------------------------
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every environment; ``seed`` (an int) re-keys the agents' streams.
+
+        ``options={"reset_mask": mask}`` (bool ``[num_envs]``) resets only the rows of ``mask``;
+        only the streams of agents with a reset row advance.
+        """
+        obs, info = self._reset_tensors(seed, options)
+        return self._export_obs(obs), info
+
+    def _reset_tensors(
+        self, seed: int | list[int] | None, options: dict[str, Any] | None
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Reset every environment; ``seed`` (an int) re-keys the agents' streams."""
         self._check_open()
         if isinstance(seed, list | tuple):
             if len(set(seed)) != 1:
                 raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
             seed = seed[0]
         seed = check_seed(seed)
+        mask = _reset_mask(options, self.num_envs)
+        if mask is not None and mask.all():
+            mask = None  # every row: a plain reset
+        if mask is not None and self._state is None:
+            raise RuntimeError("call reset() without a reset_mask before resetting some environments only")
         if seed is not None:
             self.streams = self._make_streams(seed)
             self._seed = seed
-        self._state = self._draw_reset_states()
-        self._t.zero_()
+            # VectorEnv.np_random, as Gymnasium's reset(seed=) seeds it (the dynamics never draw from it)
+            self._np_random, self._np_random_seed = seeding.np_random(seed % 2**64)
+        if mask is None:
+            self._state = self._draw_reset_states()
+            self._t.zero_()
+        else:
+            rows = torch.from_numpy(mask).to(self.device)
+            fresh = self._draw_reset_states(agents=self.structured(rows).any(1))
+            self._state = torch.where(rows.reshape(rows.shape + (1,) * (fresh.dim() - 1)), fresh, self._state)
+            self._t = torch.where(rows, 0, self._t)
         return self._observe(self._state), {}
 
-    def step(
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        """Step all environments; see the class docstring for autoreset and info keys."""
+        return self._export_step(*self._step_tensors(actions))
+
+    def _step_tensors(
         self, actions: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """Step all environments; see the class docstring for autoreset and info keys."""
         self._check_open()
         if self._state is None:
             raise RuntimeError("call reset() before step()")
@@ -583,6 +693,7 @@ class FamilyVectorEnv(VectorEnv):
         seed: int | None = None,
         autoreset: bool = True,
         render_mode: str | None = None,
+        array_type: str = "torch",
         **task_kwargs: Any,
     ) -> FamilyVectorEnv:
         """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs.
@@ -593,6 +704,7 @@ class FamilyVectorEnv(VectorEnv):
         :param seed: seed of the random stream
         :param autoreset: ``False`` for the fixed-horizon mode
         :param render_mode: must be ``None`` (the native vector env does not render)
+        :param array_type: ``"torch"`` or ``"numpy"``: what the env returns
         :param task_kwargs: the task's ``gym.make`` keyword arguments
         """
         num_envs = check_int("num_envs", num_envs, 1)
@@ -601,7 +713,15 @@ class FamilyVectorEnv(VectorEnv):
                 f"render_mode must be None for the native vector env (it does not render), got {render_mode!r}; "
                 'use vectorization_mode="sync" to render single environments'
             )
-        return cls(family, [family.make_params(**task_kwargs)], n_envs=num_envs, device=device, seed=seed, autoreset=autoreset)
+        return cls(
+            family,
+            [family.make_params(**task_kwargs)],
+            n_envs=num_envs,
+            device=device,
+            seed=seed,
+            autoreset=autoreset,
+            array_type=array_type,
+        )
 
 
 def _is_single_task(family: TaskFamily, params: Any) -> bool:

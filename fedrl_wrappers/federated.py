@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
-from fedrl_envs.core import alive_mask, check_device, check_int, check_seed
+from fedrl_envs.core import _reset_mask, alive_mask, check_array_type, check_device, check_int, check_seed
 from fedrl_envs.rng import seed_from_entropy
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class EnvRollout(NamedTuple):
     Not to be confused with ``fedrl_algos.core.Trajectories``, the algorithms' batch (indices and
     masks ready for the estimators); this is what the environment returns (observations as the
     environment gives them, flags, and the last observation).
+
+    The fields are torch tensors, or NumPy arrays for a federation with ``array_type="numpy"``.
 
     Step ``t`` takes ``actions[..., t]`` in the state observed as ``observations[..., t]`` and
     earns ``rewards[..., t]``. In the fixed-horizon mode an environment whose episode terminated
@@ -73,8 +76,10 @@ class EnvRollout(NamedTuple):
         """``[n_agents, n_envs, T]`` bool: step ``t`` was taken before any termination (fixed horizon).
 
         The library's one episode mask, :func:`fedrl_envs.core.alive_mask` (the terminating step
-        itself is alive).
+        itself is alive); a NumPy array when the fields are.
         """
+        if isinstance(self.terminated, np.ndarray):
+            return alive_mask(torch.from_numpy(self.terminated)).numpy()
         return alive_mask(self.terminated)
 
 
@@ -166,10 +171,17 @@ class _Arguments:
     env_kwargs: dict[str, Any]
     stream_ids: Sequence[int] | None
     vectorization_mode: str | None
+    array_type: str
 
 
 class FederatedVecEnv(VectorEnv, ABC):
     """``n_agents × n_envs`` environments, each agent with its own task, as one vector env.
+
+    It has the whole Gymnasium 1.x vector API (``num_envs``, ``single_observation_space``,
+    ``single_action_space``, ``observation_space``, ``action_space``, ``metadata`` with
+    ``autoreset_mode``, ``autoreset_mode``, ``render_mode``, ``np_random``, ``spec``,
+    ``unwrapped``, ``close``, ``closed``), so libraries that take Gymnasium vector envs (TorchRL's
+    ``GymWrapper``, skrl's ``wrap_env``, Gymnasium's vector wrappers) take it as it is.
 
     ``FederatedVecEnv(...)`` returns a :class:`NativeFederatedVecEnv` for a fedrl family id and a
     :class:`GenericFederatedVecEnv` for any other Gymnasium id; both are instances of this class.
@@ -190,6 +202,9 @@ class FederatedVecEnv(VectorEnv, ABC):
         position); an agent keeps its trajectories in any batch that gives it the same index
     :param vectorization_mode: generic backend only: ``"sync"`` (``None``, the default) or
         ``"async"``; the native backend is one batched program and refuses it
+    :param array_type: ``"torch"`` (default): observations, rewards, flags and infos are torch
+        tensors on ``device``; ``"numpy"``: NumPy arrays (observations in the observation space's
+        dtype, rewards ``float32``, flags ``bool``), for NumPy libraries; actions may be either
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -200,6 +215,8 @@ class FederatedVecEnv(VectorEnv, ABC):
     n_envs: int
     device: torch.device
     autoreset: bool
+    #: ``"torch"`` or ``"numpy"``: the type of every returned array
+    array_type: str
     #: last time index H of an episode (``H + 1`` steps), or ``None`` without a fixed limit
     horizon: int | None
     #: per-agent ``gym.make`` keyword arguments that recreate each agent's task
@@ -225,6 +242,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         env_kwargs: Mapping[str, Any] | None = None,
         stream_ids: Sequence[int] | None = None,
         vectorization_mode: str | None = None,
+        array_type: str = "torch",
     ) -> None:
         # One signature and one set of argument checks for both backends; each builds in _build.
         if not isinstance(autoreset, bool):
@@ -244,6 +262,7 @@ class FederatedVecEnv(VectorEnv, ABC):
                 env_kwargs=dict(env_kwargs or {}),
                 stream_ids=stream_ids,
                 vectorization_mode=vectorization_mode,
+                array_type=check_array_type(array_type),
             )
         )
 
@@ -252,6 +271,20 @@ class FederatedVecEnv(VectorEnv, ABC):
         """Build the backend from the constructor's arguments (``n_envs``, ``device``, ``seed``, ``autoreset`` checked)."""
 
     # --- shared behaviour ----------------------------------------------------------------------
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """``SAME_STEP`` (``autoreset=True``) or ``DISABLED`` (the fixed-horizon mode), as ``metadata["autoreset_mode"]``."""
+        return self.metadata["autoreset_mode"]
+
+    def _fixed_horizon_reset_mask(self, options: dict[str, Any] | None) -> None:
+        """The fixed-horizon mode steps all environments in one block: a reset_mask must select every row."""
+        mask = _reset_mask(options, self.num_envs)
+        if mask is not None and not mask.all() and not self.autoreset:
+            raise ValueError(
+                "options['reset_mask'] must select every environment in the fixed-horizon mode (autoreset=False): "
+                "its episodes run in one block of horizon + 1 steps"
+            )
+
     @property
     def max_episode_steps(self) -> int | None:
         """Steps of a full episode, ``horizon + 1`` (``None`` without a fixed limit)."""
@@ -277,19 +310,21 @@ class FederatedVecEnv(VectorEnv, ABC):
                 f"fixed-horizon mode: all {limit} steps of the episode were taken; call reset() to start the next block"
             )
 
-    def _pad_finished(
-        self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Fixed-horizon mode: after an early termination an env repeats its last observation, reward 0."""
+    def _pad_finished(self, obs: Any, reward: Any, terminated: Any) -> tuple[Any, Any, Any]:
+        """Fixed-horizon mode: after an early termination an env repeats its last observation, reward 0.
+
+        Torch tensors or NumPy arrays (the generic backend's NumPy mode), with the same operations.
+        """
         finished = self._finished
         if finished is None:
             # One check per step until something terminates; nothing to pad before that.
             if not bool(terminated.any()):
                 return obs, reward, terminated
         else:
-            mask = finished.reshape(finished.shape + (1,) * (obs.dim() - 1))
-            obs = torch.where(mask, self._frozen_obs, obs)
-            reward = torch.where(finished, torch.zeros_like(reward), reward)
+            xp = np if isinstance(obs, np.ndarray) else torch
+            mask = finished.reshape(finished.shape + (1,) * (obs.ndim - 1))
+            obs = xp.where(mask, self._frozen_obs, obs)
+            reward = xp.where(finished, xp.zeros_like(reward), reward)
             terminated = terminated | finished
         self._finished = terminated
         self._frozen_obs = obs
@@ -312,6 +347,7 @@ class FederatedVecEnv(VectorEnv, ABC):
             seed=self._seed,
             autoreset=self.autoreset if autoreset is None else autoreset,
             stream_ids=[self.stream_ids[p] for p in positions],
+            array_type=self.array_type,
             **self._subset_kwargs(),
         )
 
@@ -341,9 +377,11 @@ class FederatedVecEnv(VectorEnv, ABC):
             view = VecMonitor(view)
         return view
 
-    def _policy_actions(self, actions: Any) -> torch.Tensor:
+    def _policy_actions(self, actions: Any) -> Any:
         act_shape = tuple(self.single_action_space.shape or ())
-        if not isinstance(actions, torch.Tensor):
+        if self.array_type == "numpy":
+            actions = actions.detach().cpu().numpy() if isinstance(actions, torch.Tensor) else np.asarray(actions)
+        elif not isinstance(actions, torch.Tensor):
             actions = torch.as_tensor(np.asarray(actions), device=self.device)
         if tuple(actions.shape) == (self.n_agents, self.n_envs, *act_shape):
             actions = actions.reshape(self.num_envs, *act_shape)
@@ -383,9 +421,12 @@ class FederatedVecEnv(VectorEnv, ABC):
             terminated.append(term)
             truncated.append(trunc)
 
-        def stack(items: list[torch.Tensor]) -> torch.Tensor:
+        def stack(items: list[Any]) -> Any:
             # Stored time-major (a contiguous copy, 3x cheaper than stacking on dim 1); returned as
             # a [agent, env, time, ...] view whose time slices stay contiguous.
+            if self.array_type == "numpy":
+                flat_np = np.stack(items)
+                return np.moveaxis(flat_np.reshape(n_steps, self.n_agents, self.n_envs, *flat_np.shape[2:]), 0, 2)
             flat = torch.stack([x.to(self.device) for x in items])  # [time, num_envs, ...]
             return flat.reshape(n_steps, self.n_agents, self.n_envs, *flat.shape[2:]).movedim(0, 2)
 
@@ -396,11 +437,14 @@ class FederatedVecEnv(VectorEnv, ABC):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.env_id!r}, n_agents={self.n_agents}, n_envs={self.n_envs}, "
-            f"device={str(self.device)!r}, autoreset={self.autoreset})"
+            f"device={str(self.device)!r}, autoreset={self.autoreset}"
+            + (f", array_type={self.array_type!r})" if self.array_type != "torch" else ")")
         )
 
 
-class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
+# VectorEnv is named among the bases although both parents derive from it: libraries that detect
+# Gymnasium envs by their class's direct bases (skrl's wrap_env) then recognise the federation.
+class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
     """The native backend: a fedrl family's kernel steps every agent's environments in one call.
 
     Built by ``FederatedVecEnv(family_id, ...)``; the stepping, autoreset and action checks are
@@ -439,7 +483,14 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
         self.agent_kwargs = [family.task_kwargs(task) for task in tasks]
         self.stream_ids = _check_stream_ids(args.stream_ids, len(tasks))
         FamilyVectorEnv.__init__(
-            self, family, tasks, n_envs=args.n_envs, device=args.device, seed=args.seed, autoreset=args.autoreset
+            self,
+            family,
+            tasks,
+            n_envs=args.n_envs,
+            device=args.device,
+            seed=args.seed,
+            autoreset=args.autoreset,
+            array_type=args.array_type,
         )
 
     def _make_streams(self, seed: int | None) -> fedrl_envs.RandomStreams:
@@ -448,31 +499,32 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv):
 
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any]]:
+        self._fixed_horizon_reset_mask(options)
         self._start_episode()
         return FamilyVectorEnv.reset(self, seed=seed, options=options)
 
-    def set_state(self, state: torch.Tensor, t: torch.Tensor | int = 0) -> torch.Tensor:
+    def set_state(self, state: Any, t: torch.Tensor | int = 0) -> Any:
         obs = FamilyVectorEnv.set_state(self, state, t)
         self._start_episode()
         self._elapsed = int(self._t.min())
         return obs
 
-    def step(self, actions: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step all ``num_envs`` environments with actions ``[num_envs, *action_shape]`` (torch or numpy)."""
         self._check_steppable()
         if not isinstance(actions, torch.Tensor):
             actions = np.asarray(actions)
             if actions.dtype.kind not in "biuf":
                 raise TypeError(f"actions must be a numeric array or tensor, got dtype {actions.dtype}")
-        obs, reward, terminated, truncated, info = FamilyVectorEnv.step(self, actions)
+        obs, reward, terminated, truncated, info = FamilyVectorEnv._step_tensors(self, actions)
         self._elapsed += 1
         if info:
             info["final_info"] = {}
             info["_final_info"] = info["_final_obs"]
         elif not self.autoreset:
             obs, reward, terminated = self._pad_finished(obs, reward, terminated)
-        return obs, reward, terminated, truncated, info
+        return self._export_step(obs, reward, terminated, truncated, info)
 
 
 def _blank(example: np.ndarray, n: int) -> np.ndarray:
@@ -504,7 +556,7 @@ def _concat_infos(infos: list[dict[str, Any]], n_envs: int) -> dict[str, Any]:
     return out
 
 
-class GenericFederatedVecEnv(FederatedVecEnv):
+class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: see NativeFederatedVecEnv
     """The generic backend: one Gymnasium vector env per agent, results stacked on ``device``.
 
     Each agent ``i`` runs ``gym.make_vec(env_id, n_envs, vectorization_mode, **kwargs_i)`` with
@@ -512,7 +564,8 @@ class GenericFederatedVecEnv(FederatedVecEnv):
     Observations, rewards (float32) and flags come back as torch tensors on ``device``, and
     ``info["final_obs"]`` as a tensor ``[num_envs, *obs_shape]`` that equals the returned
     observation where ``info["_final_obs"]`` is false; every other info entry is the agents'
-    Gymnasium infos concatenated along the batch (NumPy arrays with ``_key`` masks).
+    Gymnasium infos concatenated along the batch (NumPy arrays with ``_key`` masks). With
+    ``array_type="numpy"`` the same values are NumPy arrays and never pass through torch.
     """
 
     backend = "generic"
@@ -540,6 +593,7 @@ class GenericFederatedVecEnv(FederatedVecEnv):
         self.num_envs = self.n_agents * n_envs
         self.stream_ids = _check_stream_ids(args.stream_ids, self.n_agents)
         self.autoreset = autoreset
+        self.array_type = args.array_type
         self._vectorization_mode = vectorization_mode
         self._venvs: list[VectorEnv] = []
         try:
@@ -600,7 +654,11 @@ class GenericFederatedVecEnv(FederatedVecEnv):
         keys = derive_keys(seed, torch.tensor(self.stream_ids))
         return [int(k) & _SEED_MASK for k in keys.tolist()]
 
-    def _to_tensor(self, parts: list[np.ndarray], dtype: torch.dtype | None = None) -> torch.Tensor:
+    def _to_tensor(self, parts: list[np.ndarray], dtype: torch.dtype | None = None) -> Any:
+        """The agents' parts as one batch: a tensor on ``device``, or (NumPy mode) an array."""
+        if self.array_type == "numpy":
+            out_np = np.concatenate(parts)
+            return out_np if dtype is None else out_np.astype(torch.empty((), dtype=dtype).numpy().dtype, copy=False)
         out = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts)))
         if dtype is not None:
             out = out.to(dtype)
@@ -608,10 +666,18 @@ class GenericFederatedVecEnv(FederatedVecEnv):
 
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any]]:
         """Reset every agent's vector env; an int ``seed`` re-seeds agent ``i`` from ``(seed, stream_ids[i])``."""
         if self.closed:
             raise ValueError("this environment is closed; create a new one instead of resetting it")
+        mask = _reset_mask(options, self.num_envs)
+        if mask is not None and not mask.all():
+            raise ValueError(
+                "options['reset_mask'] must select every environment for the generic backend (it resets all agents' "
+                "vector envs together); use autoreset=True for environments that reset on their own"
+            )
+        if mask is not None:
+            options = {k: v for k, v in options.items() if k != "reset_mask"}  # type: ignore[union-attr]
         if isinstance(seed, list | tuple):
             if len(set(seed)) != 1:
                 raise ValueError("seed must be one int for the whole batch (each agent derives its own stream)")
@@ -621,6 +687,8 @@ class GenericFederatedVecEnv(FederatedVecEnv):
             seed = self._seed if self._seed is not None else seed_from_entropy()
         if seed is not None:
             self._seed = seed
+            # VectorEnv.np_random, as Gymnasium's reset(seed=) seeds it (the environments have their own)
+            self._np_random, self._np_random_seed = seeding.np_random(seed % 2**64)
         seeds = self._agent_seeds(seed) if seed is not None else [None] * self.n_agents
         results = [venv.reset(seed=s, options=options) for venv, s in zip(self._venvs, seeds, strict=True)]
         self._reset_done = True
@@ -665,7 +733,7 @@ class GenericFederatedVecEnv(FederatedVecEnv):
                 raise ValueError(f"actions[{row}] must be an element of {space}, got {a!r}")
         return arr
 
-    def step(self, actions: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every agent's vector env with its rows of ``actions`` ``[num_envs, *action_shape]``."""
         self._check_steppable()
         if not self._reset_done:
@@ -682,13 +750,17 @@ class GenericFederatedVecEnv(FederatedVecEnv):
         if "final_obs" in info:
             done_np = info["_final_obs"]
             rows = np.flatnonzero(done_np)
-            final = obs.clone()
-            final[torch.from_numpy(rows).to(self.device)] = torch.as_tensor(
-                np.stack(list(info["final_obs"][rows])), dtype=obs.dtype
-            ).to(self.device)
+            if self.array_type == "numpy":
+                final = obs.copy()
+                final[rows] = np.stack(list(info["final_obs"][rows])).astype(obs.dtype, copy=False)
+            else:
+                final = obs.clone()
+                final[torch.from_numpy(rows).to(self.device)] = torch.as_tensor(
+                    np.stack(list(info["final_obs"][rows])), dtype=obs.dtype
+                ).to(self.device)
             if self.autoreset:
                 info["final_obs"] = final
-                info["_final_obs"] = torch.from_numpy(done_np).to(self.device)
+                info["_final_obs"] = done_np if self.array_type == "numpy" else torch.from_numpy(done_np).to(self.device)
             else:
                 # Fixed horizon: no reset is visible; the episode's last observation is returned.
                 obs = final
