@@ -454,6 +454,24 @@ def _add_algos_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_algos_target)
 
 
+def _add_vector_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_vector import add_vector_target
+
+    add_vector_target(targets)
+
+
+BENCH_TARGETS.append(_add_vector_target)
+
+
+def _add_training_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_training import add_training_target
+
+    add_training_target(targets)
+
+
+BENCH_TARGETS.append(_add_training_target)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
     bench = subparsers.add_parser("bench", help="throughput benchmarks against same-process baselines")

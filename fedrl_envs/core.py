@@ -515,6 +515,22 @@ class FamilyVectorEnv(VectorEnv):
             self.streams.counters = torch.where(agents, self.streams.counters, counters)
         return self.family.reset(self.params, noise.reshape(self.num_envs, -1))
 
+    def _draw_reset_rows(self, rows: torch.Tensor, agents: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Initial states of the flat rows ``rows`` only, with the numbers :meth:`_draw_reset_states` gives them.
+
+        Row ``i * n_envs + j`` takes words ``j * d .. j * d + d - 1`` (``d = reset_noise_dim``) of
+        agent ``i``'s stream, as in the full draw, and every agent in ``agents`` (bool ``[n_agents]``)
+        then advances by the full draw's ``n_envs * d`` words; so the streams, and every later number,
+        are those of drawing the whole batch. Returns the states and the rows' task parameters.
+        """
+        dim = self.family.reset_noise_dim
+        agent, env = rows // self.n_envs, rows % self.n_envs
+        offsets = env.unsqueeze(1) * dim + torch.arange(dim, device=rows.device)
+        noise = self.streams.uniform_at(agent.unsqueeze(1), offsets)
+        self.streams.advance(self.n_envs * dim, where=agents)
+        params = index_params(self.params, rows)
+        return self.family.reset(params, noise), params
+
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
         """Observations that never alias the internal state (callers may write into them)."""
         obs = self.family.observe(state, self.params)
@@ -668,15 +684,16 @@ class FamilyVectorEnv(VectorEnv):
             done = terminated | truncated
             # One truthiness check per step; resets are drawn only when some episode ended.
             if bool(done.any()):
-                fresh = self._draw_reset_states(agents=self.structured(done).any(1))
-                mask = done.reshape(done.shape + (1,) * (next_state.dim() - 1))
+                rows = done.nonzero().squeeze(1)
+                fresh, fresh_params = self._draw_reset_rows(rows, agents=self.structured(done).any(1))
                 info["final_obs"] = obs
                 info["_final_obs"] = done
                 info["final_info"] = {}
                 info["_final_info"] = done
-                next_state = torch.where(mask, fresh, next_state)
+                # Only the rows that reset are drawn, reset and observed (a few per step), not the batch.
+                next_state = next_state.index_put((rows,), fresh)
                 t = torch.where(done, 0, t)
-                obs = self._observe(next_state)
+                obs = obs.index_put((rows,), self.family.observe(fresh, fresh_params).to(obs.dtype))
         self._state = next_state
         self._t = t
         return obs, reward, terminated, truncated, info

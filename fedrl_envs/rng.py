@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RandomStreams", "mix64", "derive_keys", "seed_from_entropy"]
+__all__ = ["RandomStreams", "mix64", "derive_keys", "seed_from_entropy", "words_to_uniform"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -74,6 +74,20 @@ def derive_keys(seed: int | torch.Tensor, index: int | torch.Tensor | Sequence[i
     return mix64(mix64(seed_t) ^ mix64(index_t * 2 + 1))
 
 
+def words_to_uniform(words: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """64-bit words as uniform numbers in ``[0, 1)`` of ``dtype`` (the top mantissa-many bits)."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+    if dtype == torch.float64:
+        return _shr(words, 11).to(torch.float64) * (2.0**-53)
+    if dtype == torch.float32:
+        # 24 bits fit a float32 mantissa exactly, so the result is never rounded up to 1.0.
+        return _shr(words, 40).to(torch.float32) * (2.0**-24)
+    # Narrower types (float16, bfloat16): keep only as many bits as the mantissa holds.
+    bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # explicit mantissa bits + the implicit one
+    return (_shr(words, 64 - bits).to(torch.float64) * (2.0**-bits)).to(dtype)
+
+
 class RandomStreams:
     """A batch of independent random streams, one per row (agent, run, ...).
 
@@ -117,6 +131,31 @@ class RandomStreams:
         self.counters = self.counters + count
         return out
 
+    def bits_at(self, streams: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Words ``counter + offsets`` of the selected streams, without advancing any counter.
+
+        ``bits_at(i, o)`` equals word ``o`` of what :meth:`bits` would draw next from stream ``i``,
+        so a caller that needs only some of a batch's numbers (the rows whose episodes just ended)
+        hashes only those and then moves the counters on with :meth:`advance`.
+
+        :param streams: int64 indices into the flattened streams, broadcasting with ``offsets``
+        :param offsets: int64 word offsets from each selected stream's counter
+        :return: int64 tensor of the broadcast shape
+        """
+        idx = self.counters.reshape(-1)[streams] + offsets
+        return mix64(self.keys.reshape(-1)[streams] + idx * _GOLDEN)
+
+    def advance(self, count: int, where: torch.Tensor | None = None) -> None:
+        """Move the counters of the streams selected by ``where`` (bool, ``batch_shape``; all when ``None``) by ``count`` words."""
+        if where is None:
+            self.counters = self.counters + count
+        else:
+            self.counters = self.counters + where.to(torch.int64) * count
+
+    def uniform_at(self, streams: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """:meth:`bits_at` as uniform numbers in ``[0, 1)``, the values :meth:`uniform` gives those words."""
+        return words_to_uniform(self.bits_at(streams, offsets), dtype)
+
     def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform numbers in ``[0, 1)``: tensor ``[*batch_shape, *shape]`` of ``dtype``.
 
@@ -125,15 +164,7 @@ class RandomStreams:
         """
         if not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
-        words = self.bits(shape)
-        if dtype == torch.float64:
-            return _shr(words, 11).to(torch.float64) * (2.0**-53)
-        if dtype == torch.float32:
-            # 24 bits fit a float32 mantissa exactly, so the result is never rounded up to 1.0.
-            return _shr(words, 40).to(torch.float32) * (2.0**-24)
-        # Narrower types (float16, bfloat16): keep only as many bits as the mantissa holds.
-        bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # explicit mantissa bits + the implicit one
-        return (_shr(words, 64 - bits).to(torch.float64) * (2.0**-bits)).to(dtype)
+        return words_to_uniform(self.bits(shape), dtype)
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Standard normal numbers (Box-Muller on two uniform draws).

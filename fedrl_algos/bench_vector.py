@@ -1,0 +1,284 @@
+"""``fedrl bench vector``: fedrl's batched classic-control envs against the vector envs users pick instead.
+
+Every row times, in the same process and on the same random actions, env steps per second of
+
+* **fedrl**: :class:`wrappers.FederatedVecEnv` on ``fedrl/CartPole-v0`` or ``fedrl/Pendulum-v0``
+  with the family's 10 heterogeneous default agents (``n_envs / 10`` environments each), autoreset
+  and action checks on;
+* **gymnasium**: Gymnasium's own vector env: the NumPy ``CartPoleVectorEnv`` (``gym.make_vec(
+  "CartPole-v1", n, vectorization_mode="vector_entry_point")``); Gymnasium ships no NumPy vector
+  Pendulum, so Pendulum's baseline is ``SyncVectorEnv`` over ``Pendulum-v1`` (timed at
+  ``min(n, sync_max_envs)`` envs: its cost is linear in the number of envs);
+* **gymnax** (when installed): ``jax.jit(jax.vmap(env.step))`` of gymnax's ``CartPole-v1`` /
+  ``Pendulum-v1`` (gymnax steps auto-reset), JAX on the CPU, timed with ``block_until_ready``;
+* **envpool** (when installed): ``envpool.make_gymnasium(id, num_envs=n)`` with one thread per core.
+
+All of them start from their own reset and take uniformly random actions drawn before the clock
+starts (a block of 16 steps' worth, cycled). Ratios are fedrl / baseline. The optional ``bench``
+extra installs gymnax and EnvPool; gymnax pins its own Gymnasium, so put it in a separate
+environment (``docs/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fedrl_algos._cli_args import positive_int
+
+__all__ = ["VectorBenchRecord", "bench_vector", "add_vector_target", "BASELINES"]
+
+_ACTION_BLOCK = 16
+#: fedrl id -> the Gymnasium id its default agent reproduces
+_GYMNASIUM_ID = {"fedrl/CartPole-v0": "CartPole-v1", "fedrl/Pendulum-v0": "Pendulum-v1"}
+BASELINES = ("gymnasium", "gymnax", "envpool")
+
+
+@dataclasses.dataclass
+class VectorBenchRecord:
+    """One row of ``fedrl bench vector``: steps/s of fedrl and of each baseline at ``n_envs`` envs."""
+
+    env_id: str
+    n_envs: int
+    device: str
+    fedrl_steps_per_s: float
+    #: baseline name -> steps/s (``None``: not installed or failed, see ``notes``)
+    baseline_steps_per_s: dict[str, float | None]
+    #: baseline name -> what was timed (e.g. the size SyncVectorEnv ran at) or why it is missing
+    notes: dict[str, str]
+
+    def ratio(self, baseline: str) -> float | None:
+        """fedrl's steps/s over ``baseline``'s, or ``None`` when the baseline did not run."""
+        rate = self.baseline_steps_per_s.get(baseline)
+        return None if not rate else self.fedrl_steps_per_s / rate
+
+
+def _rate(step: Callable[[int], Any], n_envs: int, min_time: float, sync: Callable[[Any], Any] | None = None) -> float:
+    """Env steps/s of ``step(k)`` (one vector step of ``n_envs`` envs), warmed up, over at least ``min_time`` s."""
+    import time
+
+    out = None
+    for k in range(3):
+        out = step(k)
+    if sync is not None:
+        sync(out)
+    calls, start = 0, time.perf_counter()
+    while True:
+        out = step(calls)
+        calls += 1
+        if calls >= 2 and time.perf_counter() - start >= min_time:
+            if sync is not None:
+                sync(out)
+            return calls * n_envs / (time.perf_counter() - start)
+
+
+def _fedrl_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: int) -> float:
+    import torch
+
+    import fedrl_envs
+    from wrappers import FederatedVecEnv
+
+    family = fedrl_envs.get_family(env_id)
+    n_agents = len(family.train_tasks)
+    per_agent = max(n_envs // n_agents, 1)
+    venv = FederatedVecEnv(env_id, per_agent, agents=list(range(n_agents)), device=device, seed=seed)
+    try:
+        venv.reset()
+        space = venv.single_action_space
+        gen = torch.Generator().manual_seed(seed)
+        if hasattr(space, "n"):
+            actions = torch.randint(0, int(space.n), (_ACTION_BLOCK, venv.num_envs), generator=gen)
+        else:
+            low, high = float(space.low.min()), float(space.high.max())
+            actions = low + (high - low) * torch.rand((_ACTION_BLOCK, venv.num_envs, *space.shape), generator=gen)
+        actions = actions.to(device)
+        sync = (lambda _: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda" else None
+        return _rate(lambda k: venv.step(actions[k % _ACTION_BLOCK]), venv.num_envs, min_time, sync)
+    finally:
+        venv.close()
+
+
+def _numpy_actions(space: Any, n_envs: int, seed: int) -> Any:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if hasattr(space, "n"):
+        return rng.integers(0, int(space.n), size=(_ACTION_BLOCK, n_envs))
+    return rng.uniform(space.low, space.high, size=(_ACTION_BLOCK, n_envs, *space.shape)).astype(space.dtype)
+
+
+def _gymnasium_rate(env_id: str, n_envs: int, min_time: float, seed: int, sync_max_envs: int) -> tuple[float, str]:
+    import gymnasium as gym
+
+    gym_id = _GYMNASIUM_ID[env_id]
+    if gym.spec(gym_id).vector_entry_point is not None:
+        venv = gym.make_vec(gym_id, n_envs, vectorization_mode="vector_entry_point")
+        note = f"{type(venv.unwrapped).__name__} x {n_envs}"
+    else:
+        n_envs = min(n_envs, sync_max_envs)
+        venv = gym.make_vec(gym_id, n_envs, vectorization_mode="sync")
+        note = f"SyncVectorEnv x {n_envs}"
+    try:
+        venv.reset(seed=seed)
+        actions = _numpy_actions(venv.single_action_space, n_envs, seed)
+        return _rate(lambda k: venv.step(actions[k % _ACTION_BLOCK]), n_envs, min_time), note
+    finally:
+        venv.close()
+
+
+def _gymnax_rate(env_id: str, n_envs: int, min_time: float, seed: int) -> tuple[float, str]:
+    import gymnax
+    import jax
+
+    env, env_params = gymnax.make(_GYMNASIUM_ID[env_id])
+    keys = jax.random.split(jax.random.PRNGKey(seed), n_envs)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(keys, env_params)
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    space = env.action_space(env_params)
+    action_keys = jax.random.split(jax.random.PRNGKey(seed + 1), _ACTION_BLOCK * n_envs).reshape(_ACTION_BLOCK, n_envs, -1)
+    actions = jax.vmap(jax.vmap(space.sample))(action_keys)
+    step_keys = jax.random.split(jax.random.PRNGKey(seed + 2), _ACTION_BLOCK * n_envs).reshape(_ACTION_BLOCK, n_envs, -1)
+    carry = {"state": state}
+
+    def one(k: int) -> Any:
+        out = step(step_keys[k % _ACTION_BLOCK], carry["state"], actions[k % _ACTION_BLOCK], env_params)
+        carry["state"] = out[1]
+        return out[0]
+
+    return _rate(one, n_envs, min_time, sync=lambda out: out.block_until_ready()), f"jit(vmap) on {jax.devices()[0].platform}"
+
+
+def _envpool_rate(env_id: str, n_envs: int, min_time: float, seed: int) -> tuple[float, str]:
+    import envpool
+
+    threads = os.cpu_count() or 1
+    venv = envpool.make_gymnasium(_GYMNASIUM_ID[env_id], num_envs=n_envs, num_threads=threads, seed=seed)
+    try:
+        venv.reset()
+        actions = _numpy_actions(venv.action_space, n_envs, seed)
+        return _rate(lambda k: venv.step(actions[k % _ACTION_BLOCK]), n_envs, min_time), f"{threads} threads"
+    finally:
+        venv.close()
+
+
+def bench_vector(
+    sizes: Sequence[int] = (1_000, 10_000, 100_000),
+    env_ids: Sequence[str] = ("fedrl/CartPole-v0", "fedrl/Pendulum-v0"),
+    baselines: Sequence[str] = BASELINES,
+    device: str = "cpu",
+    min_time: float = 1.0,
+    sync_max_envs: int = 1_000,
+    seed: int = 0,
+    show: bool = True,
+) -> list[VectorBenchRecord]:
+    """Time fedrl's federated env against each installed baseline; one record per env and size.
+
+    :param sizes: total environments (fedrl's are split evenly over the family's 10 default agents)
+    :param env_ids: ``fedrl/CartPole-v0`` and/or ``fedrl/Pendulum-v0``
+    :param baselines: any of ``"gymnasium"``, ``"gymnax"``, ``"envpool"``; one not installed is
+        reported as missing, not an error
+    :param device: torch device of fedrl's env (the baselines run where they run: CPU)
+    :param min_time: seconds per timing
+    :param sync_max_envs: the largest size Gymnasium's SyncVectorEnv (Pendulum) is timed at
+    :param seed: seed of the envs and of the random actions
+    :param show: print the table
+    """
+    for env_id in env_ids:
+        if env_id not in _GYMNASIUM_ID:
+            raise ValueError(f"env_ids must be among {sorted(_GYMNASIUM_ID)}, got {env_id!r}")
+    for name in baselines:
+        if name not in BASELINES:
+            raise ValueError(f"baselines must be among {list(BASELINES)}, got {name!r}")
+    runners: dict[str, Callable[[str, int], tuple[float, str]]] = {
+        "gymnasium": lambda e, n: _gymnasium_rate(e, n, min_time, seed, sync_max_envs),
+        "gymnax": lambda e, n: _gymnax_rate(e, n, min_time, seed),
+        "envpool": lambda e, n: _envpool_rate(e, n, min_time, seed),
+    }
+    records = []
+    for env_id in env_ids:
+        for n_envs in sizes:
+            fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed)
+            rates: dict[str, float | None] = {}
+            notes: dict[str, str] = {}
+            for name in baselines:
+                try:
+                    rates[name], notes[name] = runners[name](env_id, n_envs)
+                except ImportError as err:
+                    rates[name], notes[name] = None, f"not installed ({err.name})"
+            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes))
+    if show:
+        print_vector_table(records)
+    return records
+
+
+def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
+    """Print the records: steps/s of fedrl and each baseline, and fedrl's ratio to each."""
+    import torch
+
+    names = list(dict.fromkeys(n for r in records for n in r.baseline_steps_per_s))
+    header = ["env", "envs", "fedrl/s", *[f"{n}/s" for n in names], *[f"vs {n}" for n in names]]
+    lines = [header]
+    for r in records:
+        rates = [r.baseline_steps_per_s.get(n) for n in names]
+        ratios = [r.ratio(n) for n in names]
+        lines.append(
+            [
+                r.env_id.split("/")[-1],
+                str(r.n_envs),
+                f"{r.fedrl_steps_per_s:.3g}",
+                *["-" if x is None else f"{x:.3g}" for x in rates],
+                *["-" if x is None else f"{x:.2f}x" for x in ratios],
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    notes = sorted({f"{r.env_id.split('/')[-1]} {n}: {note}" for r in records for n, note in r.notes.items()})
+    print(f"env steps per second, random actions, autoreset; fedrl on {records[0].device if records else '-'} "
+          f"with {torch.get_num_threads()} torch threads; method: fedrl_algos/bench_vector.py")
+    for note in notes:
+        print(f"  {note}")
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    sizes = args.sizes or ((1_000,) if args.quick else (1_000, 10_000, 100_000))
+    records = bench_vector(
+        sizes=sizes,
+        env_ids=[f"fedrl/{e}-v0" for e in args.envs],
+        baselines=args.baselines,
+        device=args.device,
+        min_time=0.05 if args.quick else args.min_time,
+        seed=args.seed,
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in records], f, indent=2)
+    return 0
+
+
+def add_vector_target(targets: argparse._SubParsersAction) -> None:
+    """Add ``fedrl bench vector`` to the bench sub-commands."""
+    p = targets.add_parser(
+        "vector",
+        help="fedrl's CartPole/Pendulum vs Gymnasium's vector envs, gymnax and EnvPool",
+        description="Env steps per second of fedrl's heterogeneous CartPole and Pendulum federations next to "
+        "Gymnasium's own vector env, gymnax (jit) and EnvPool when installed, timed in the same process.",
+    )
+    p.add_argument("--sizes", type=positive_int, nargs="+", help="total envs (default 1000 10000 100000)")
+    p.add_argument("--envs", nargs="+", choices=["CartPole", "Pendulum"], default=["CartPole", "Pendulum"], help="families to time")
+    p.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES), help="baselines to time (missing ones are reported)")
+    p.add_argument("--device", default="cpu", help="torch device of fedrl's env")
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds per timing (default 1)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 1000 envs, tiny timings")
+    p.add_argument("--seed", type=int, default=0, help="seed of the envs and the random actions")
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
+    p.set_defaults(func=_cmd)
