@@ -80,7 +80,7 @@ def _fedrl_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: in
     import torch
 
     import fedrl_envs
-    from wrappers import FederatedVecEnv
+    from fedrl_wrappers import FederatedVecEnv
 
     family = fedrl_envs.get_family(env_id)
     n_agents = len(family.train_tasks)
