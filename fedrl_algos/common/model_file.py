@@ -14,7 +14,7 @@ keeps SB3's zip layout (``data``, ``policy.pth``, ``pytorch_variables.pth``,
   (by name), a task family (by its registered id), a family's task parameters, the step-size and
   momentum schedules of :mod:`fedrl_algos.core.schedules`, attacks of
   :data:`fedrl_algos.core.attacks.ATTACKS`, and the wrapper factories of
-  :mod:`wrappers.heterogeneity`;
+  :mod:`wrappers.heterogeneity`, and deques (SB3's episode-info buffers);
 * anything else callable is saved as a *reference* (its name) and must be handed back on load
   with ``custom_objects={attribute: obj}``; anything else is refused when saving.
 
@@ -32,6 +32,7 @@ while saving leaves the previous file (or none) at the path, never a half-writte
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import io
@@ -207,7 +208,7 @@ def _attack_types() -> dict[str, type]:
 # --------------------------------------------------------------------------------------------------
 _TAGS = (
     ":tuple:", ":dict:", ":tensor:", ":ndarray:", ":dtype:", ":device:", ":space:", ":policy_class:",
-    ":torch_module:", ":family:", ":params:", ":schedule:", ":attack:", ":wrapper_factory:", ":custom:",
+    ":torch_module:", ":family:", ":params:", ":schedule:", ":attack:", ":wrapper_factory:", ":deque:", ":custom:",
 )
 
 
@@ -237,6 +238,8 @@ class _Encoder:
             if all(isinstance(k, str) and not (k.startswith(":") and k.endswith(":")) for k in value):
                 return {k: self(v, f"{where}.{k}") for k, v in value.items()}
             return {":dict:": [[self(k, f"{where}<key>"), self(v, f"{where}[{k!r}]")] for k, v in value.items()]}
+        if isinstance(value, collections.deque):  # SB3's episode-info buffers
+            return {":deque:": [self(v, f"{where}[{i}]") for i, v in enumerate(value)], "maxlen": value.maxlen}
         if isinstance(value, torch.Tensor):
             return {":tensor:": self._store(value, where)}
         if isinstance(value, np.ndarray):
@@ -363,6 +366,11 @@ class _Decoder:
             return tuple(self(arg, where))
         if tag == ":dict:":
             return {self(k, f"{where}<key>"): self(v, f"{where}[{k!r}]") for k, v in arg}
+        if tag == ":deque:":
+            maxlen = value.get("maxlen")
+            if not (maxlen is None or (isinstance(maxlen, int) and maxlen >= 0)):
+                raise self.fail(where, f"bad deque maxlen {maxlen!r}")
+            return collections.deque(self(arg, where), maxlen=maxlen)
         if tag == ":tensor:":
             return self.tensor(arg, where)
         if tag == ":ndarray:":
