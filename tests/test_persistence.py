@@ -256,3 +256,48 @@ def test_a_process_killed_while_saving_leaves_the_previous_file(tmp_path):
     leftovers = [p for p in os.listdir(tmp_path) if p != "m.zip"]
     assert len(leftovers) == 1 and leftovers[0].startswith(".m.zip.") and leftovers[0].endswith(".tmp")
     (tmp_path / leftovers[0]).unlink()
+
+
+def test_fedavg_sb3_files_hold_no_pickles_and_refuse_them(tmp_path):
+    from stable_baselines3 import DQN
+
+    from fedrl_algos import FedAvgSB3
+
+    fed = FedAvgSB3(DQN, "fedrl/CartPole-v0", n_agents=2, sync_every=40, seed=0, device="cpu",
+                    algorithm_kwargs={"policy_kwargs": {"net_arch": [8], "activation_fn": nn.ReLU}, "learning_starts": 30,
+                                      "buffer_size": 200, "train_freq": 4})
+    fed.save(tmp_path / "fed.zip")
+    with zipfile.ZipFile(tmp_path / "fed.zip") as outer:
+        config = json.loads(outer.read("fedavg_sb3.json"))
+        assert config["format_version"] == 2 and config["algorithm_kwargs"]["policy_kwargs"]["activation_fn"] == {":torch_module:": "ReLU"}
+        for i in range(2):
+            with zipfile.ZipFile(io.BytesIO(outer.read(f"agent_{i}.zip"))) as agent:
+                assert ":serialized:" not in agent.read("data").decode()
+    loaded = FedAvgSB3.load(tmp_path / "fed.zip", device="cpu")
+    assert loaded.agents[0].policy_kwargs["activation_fn"] is nn.ReLU
+    victim = tmp_path / "created_by_payload"
+    payload = {":serialized:": base64.b64encode(pickle.dumps(_CreatesFile(victim))).decode()}
+
+    def inject_agent(name, blob):
+        if name != "agent_1.zip":
+            return blob
+        inner = io.BytesIO()
+        _rewrite(io.BytesIO(blob), inner, lambda n, b: json.dumps({**json.loads(b), "exploration_rate": payload}).encode() if n == "data" else b)
+        return inner.getvalue()
+
+    _rewrite(tmp_path / "fed.zip", tmp_path / "evil.zip", inject_agent)
+    with pytest.raises(ValueError, match=r"evil\.zip: agent_1\.zip: attributes \['exploration_rate'\] hold pickled"):
+        FedAvgSB3.load(tmp_path / "evil.zip")
+    assert not victim.exists()
+    blob = (tmp_path / "fed.zip").read_bytes()
+    (tmp_path / "cut.zip").write_bytes(blob[: len(blob) // 3])
+    with pytest.raises(ValueError, match=r"cut\.zip: "):
+        FedAvgSB3.load(tmp_path / "cut.zip")
+    with pytest.raises(ValueError, match=r"format-1 FedAvgSB3 file.*allow_pickle=True"):
+        FedAvgSB3.load(ROOT / "tests" / "data" / "fedavg_sb3_format1_halfcheetah.zip")
+    with pytest.raises(ValueError, match=r"saved by DQN .*not by PPO"):
+        from fedrl_algos.common.model_file import read_model_file
+        from stable_baselines3 import PPO
+
+        with zipfile.ZipFile(tmp_path / "fed.zip") as outer:
+            read_model_file(io.BytesIO(outer.read("agent_0.zip")), PPO)

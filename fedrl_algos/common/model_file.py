@@ -605,6 +605,7 @@ def read_model_file(
     allow_pickle: bool = False,
     policy_aliases: Mapping[str, type] | None = None,
     print_system_info: bool = False,
+    name: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
     """Read a model file: its attributes, state dicts and torch variables.
 
@@ -618,10 +619,12 @@ def read_model_file(
         only for files you trust
     :param policy_aliases: policy classes saved by their alias
     :param print_system_info: print the saved ``system_info.txt``
+    :param name: how errors name the file (default: the path, or the file object's type)
     :return: ``(data, params, pytorch_variables)`` as SB3's ``load_from_zip_file``
     :raises ModelFileError: (a ``ValueError``) naming the file and the problem
     """
-    source, name = _open_for_reading(path)
+    source, shown = _open_for_reading(path)
+    name = name or shown
     try:
         archive = zipfile.ZipFile(source)
     except (zipfile.BadZipFile, EOFError, OSError) as err:

@@ -668,7 +668,7 @@ _AGENT_FIXED = ("observation_space", "action_space", "n_envs", "policy_kwargs", 
 
 def _restore_agent(agent: BaseAlgorithm, blob: bytes, name: str, device: Any) -> None:
     """Give a freshly built agent the saved networks, optimizers, variables and counters."""
-    data, params, variables = read_model_file(io.BytesIO(blob), type(agent), device=agent.device)
+    data, params, variables = read_model_file(io.BytesIO(blob), type(agent), device=agent.device, name=name)
     for key in ("observation_space", "action_space"):
         if key in data and data[key] != getattr(agent, key):
             raise ModelFileError(f"{name}: saved {key} {data[key]} differs from the environment's {getattr(agent, key)}")
