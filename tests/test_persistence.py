@@ -26,10 +26,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from stable_baselines3 import DQN, PPO
 from torch import nn
 
-from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
-from fedrl_algos.common.model_file import DATA_TENSORS, MARKER, atomic_write
+from fedrl_algos import MFPO, FedAvgPG, FedAvgSB3, FedPGBR, IndependentPG, PerFedAvgPG
+from fedrl_algos.common.model_file import DATA_TENSORS, MARKER, atomic_write, read_model_file
 
 GRID = "fedrl/GridWorld-v0"
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,10 +260,6 @@ def test_a_process_killed_while_saving_leaves_the_previous_file(tmp_path):
 
 
 def test_fedavg_sb3_files_hold_no_pickles_and_refuse_them(tmp_path):
-    from stable_baselines3 import DQN
-
-    from fedrl_algos import FedAvgSB3
-
     fed = FedAvgSB3(DQN, "fedrl/CartPole-v0", n_agents=2, sync_every=40, seed=0, device="cpu",
                     algorithm_kwargs={"policy_kwargs": {"net_arch": [8], "activation_fn": nn.ReLU}, "learning_starts": 30,
                                       "buffer_size": 200, "train_freq": 4})
@@ -295,9 +292,5 @@ def test_fedavg_sb3_files_hold_no_pickles_and_refuse_them(tmp_path):
         FedAvgSB3.load(tmp_path / "cut.zip")
     with pytest.raises(ValueError, match=r"format-1 FedAvgSB3 file.*allow_pickle=True"):
         FedAvgSB3.load(ROOT / "tests" / "data" / "fedavg_sb3_format1_halfcheetah.zip")
-    with pytest.raises(ValueError, match=r"saved by DQN .*not by PPO"):
-        from fedrl_algos.common.model_file import read_model_file
-        from stable_baselines3 import PPO
-
-        with zipfile.ZipFile(tmp_path / "fed.zip") as outer:
-            read_model_file(io.BytesIO(outer.read("agent_0.zip")), PPO)
+    with zipfile.ZipFile(tmp_path / "fed.zip") as outer, pytest.raises(ValueError, match=r"saved by DQN .*not by PPO"):
+        read_model_file(io.BytesIO(outer.read("agent_0.zip")), PPO)
