@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+import warnings
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
@@ -168,8 +169,6 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         # Deprecated attribute names (``model.beta``) read the renamed attribute, with a warning.
         renamed = type(self).renamed_attributes
         if name in renamed:
-            import warnings
-
             warnings.warn(
                 f"{type(self).__name__}.{name} is deprecated and will be removed in the next release; use .{renamed[name]}",
                 DeprecationWarning,
@@ -569,7 +568,13 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self._obs_normalizer_state = None if self.obs_normalizer is None else self.obs_normalizer.state_dict()
         try:
             data, params, variables = collect_save_data(self, exclude, include)
-            write_model_file(path, type(self), data, params, variables, policy_aliases=self.policy_aliases)
+            by_name = write_model_file(path, type(self), data, params, variables, policy_aliases=self.policy_aliases)
+            if by_name:
+                warnings.warn(
+                    f"{type(self).__name__}.save: {by_name} are callables saved by name only; "
+                    f"load() needs them in custom_objects={{{', '.join(repr(n) + ': ...' for n in by_name)}}}",
+                    stacklevel=2,
+                )
         finally:
             self._rng_state = None
             self._obs_normalizer_state = None
