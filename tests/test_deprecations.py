@@ -97,7 +97,7 @@ def test_old_module_paths_resolve_with_a_warning(module, name, new_module):
 @pytest.mark.parametrize("name", list(CLASSES))
 def test_models_saved_before_the_restructuring_load_and_continue(name):
     expected = json.loads((DATA / "algorithms_e06eef9_expected.json").read_text())[name]
-    model = CLASSES[name].load(DATA / f"{name}_e06eef9.zip", device="cpu")
+    model = CLASSES[name].load(DATA / f"{name}_e06eef9.zip", device="cpu", allow_pickle=True)
     for attribute in model.obsolete_attributes + tuple(model.renamed_attributes):
         assert attribute not in vars(model)  # migrated or dropped, not carried along
     model.learn(total_rounds=1, reset_num_timesteps=False)

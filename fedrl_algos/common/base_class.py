@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+import warnings
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, TypeVar
@@ -19,10 +20,13 @@ import numpy as np
 import torch
 from gymnasium import spaces as gym_spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.save_util import recursive_setattr
 from stable_baselines3.common.type_aliases import MaybeCallback
+from stable_baselines3.common.utils import get_device, get_system_info
 
 from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
+from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.federation import Federation, adapt_with_sampler, combine_seed
@@ -165,8 +169,6 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         # Deprecated attribute names (``model.beta``) read the renamed attribute, with a warning.
         renamed = type(self).renamed_attributes
         if name in renamed:
-            import warnings
-
             warnings.warn(
                 f"{type(self).__name__}.{name} is deprecated and will be removed in the next release; use .{renamed[name]}",
                 DeprecationWarning,
@@ -258,7 +260,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.policy.seed_predictions(combine_seed(self.seed, _PREDICT_STREAM))
         self.federation = self._make_federation()
         if self._rng_state is not None:
-            self.federation.load_state_dict(self._rng_state)
+            self._load_random_state(self._rng_state)
         self.evaluator = self._make_evaluator()
 
     def _make_evaluator(self) -> TabularEvaluator | None:
@@ -533,19 +535,46 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         return self.fed_env
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "fed_env", "federation", "evaluator"]
+        # ``_last_info`` is the last round's log record (rebuilt by the next round).
+        return [*super()._excluded_save_params(), "fed_env", "federation", "evaluator", "_last_info"]
+
+    def _random_state(self) -> dict[str, Any]:
+        """Every random stream of the run (training, server, evaluation, ``predict``), as tensors."""
+        state: dict[str, Any] = self.federation.state_dict()
+        predict = getattr(self.policy, "_predict_streams", None)
+        if predict is not None:
+            state["predict"] = predict.state_dict()
+        return state
+
+    def _load_random_state(self, state: dict[str, Any]) -> None:
+        self.federation.load_state_dict(state)
+        if "predict" in state and getattr(self.policy, "_predict_streams", None) is not None:
+            self.policy._predict_streams.load_state_dict(state["predict"])
 
     def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
-        """Save parameters, configuration and random-stream state (SB3 zip format).
+        """Save parameters, configuration and random-stream state in fedrl's safe zip format.
 
-        :param path: file path or file-like object
+        The file holds data only (JSON and tensors; see :mod:`fedrl_algos.common.model_file` and
+        ``docs/persistence.md``), and a save to a path is atomic: the path holds the previous file
+        or the complete new one, never a partial one. An attribute that is a callable other than
+        fedrl's own schedules and attacks (e.g. a lambda step size) is saved by name only and
+        must be passed back to :meth:`load` in ``custom_objects``.
+
+        :param path: file path (``.zip`` appended without a suffix) or writable binary file object
         :param exclude: further attributes not to save
         :param include: attributes to save although excluded by default
         """
-        self._rng_state = self.federation.state_dict()
+        self._rng_state = self._random_state()
         self._obs_normalizer_state = None if self.obs_normalizer is None else self.obs_normalizer.state_dict()
         try:
-            super().save(path, exclude=exclude, include=include)
+            data, params, variables = collect_save_data(self, exclude, include)
+            by_name = write_model_file(path, type(self), data, params, variables, policy_aliases=self.policy_aliases)
+            if by_name:
+                warnings.warn(
+                    f"{type(self).__name__}.save: {by_name} are callables saved by name only; "
+                    f"load() needs them in custom_objects={{{', '.join(repr(n) + ': ...' for n in by_name)}}}",
+                    stacklevel=2,
+                )
         finally:
             self._rng_state = None
             self._obs_normalizer_state = None
@@ -559,25 +588,62 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         custom_objects: dict[str, Any] | None = None,
         print_system_info: bool = False,
         force_reset: bool = True,
+        allow_pickle: bool = False,
         **kwargs: Any,
     ) -> SelfFederatedAlgorithm:
         """Load a saved model; ``env`` optionally rebinds it to another env of the same family.
 
+        Loading never runs code from the file: its tensors are read with
+        ``torch.load(weights_only=True)`` and everything else is JSON data of a closed list of
+        types. A truncated or corrupt file, a file saved by another algorithm class, or a file
+        holding pickled objects raises a ``ValueError`` naming the file and the problem.
+
         :param path: file path or file-like object written by :meth:`save`
         :param env: optional environment of the same id
         :param device: torch device
-        :param custom_objects: as SB3's ``load``
-        :param print_system_info: as SB3's ``load``
+        :param custom_objects: attribute → object used instead of the saved value (as SB3's;
+            required for callables saved by name only)
+        :param print_system_info: print the system info the file was saved with
         :param force_reset: unused (kept for SB3 compatibility)
+        :param allow_pickle: also load files of SB3's pickle-based format, written by fedrl before
+            its safe format. **Unsafe**: it unpickles the file's ``data``, which can run arbitrary
+            code; only for files you trust (then save them again to convert them)
         :param kwargs: attributes to override after loading
         """
-        model = super().load(path, env=None, device=device, custom_objects=custom_objects, print_system_info=print_system_info, **kwargs)
-        model._rng_state = None
+        if print_system_info:
+            print("== CURRENT SYSTEM INFO ==")
+            get_system_info()
+        data, params, variables = read_model_file(
+            path, cls, device=get_device(device), custom_objects=custom_objects, allow_pickle=allow_pickle,
+            policy_aliases=cls.policy_aliases, print_system_info=print_system_info,
+        )
+        if "policy_kwargs" in data and "device" in data["policy_kwargs"]:
+            del data["policy_kwargs"]["device"]
+        if "policy_kwargs" in kwargs and kwargs["policy_kwargs"] != data.get("policy_kwargs"):
+            raise ValueError(f"policy_kwargs {kwargs['policy_kwargs']} differ from the saved ones {data.get('policy_kwargs')}")
+        missing = [key for key in ("policy_class", "observation_space", "action_space") if key not in data]
+        if missing:
+            raise ModelFileError(f"{path}: the saved data lacks {missing}; not a {cls.__name__} file")
+        model = cls(policy=data["policy_class"], env=None, device=device, _init_setup_model=False)  # type: ignore[call-arg]
+        model.__dict__.update(data)
+        model.__dict__.update(kwargs)
+        model._setup_model()
+        try:
+            model.set_parameters(params, exact_match=True, device=device)
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ModelFileError(f"{path}: its parameters do not fit {cls.__name__}'s policy ({err})") from None
+        for name, value in (variables or {}).items():
+            if value is not None:
+                try:
+                    recursive_setattr(model, f"{name}.data", value.data)
+                except (AttributeError, RuntimeError) as err:
+                    raise ModelFileError(f"{path}: torch variable {name!r} does not fit the model ({err})") from None
+        model._rng_state = None  # _setup_model restored the random streams from it
         model._obs_normalizer_state = None
         if env is not None:
-            state = model.federation.state_dict()
+            state = model._random_state()
             model.set_env(env)
-            model.federation.load_state_dict(state)
+            model._load_random_state(state)
         return model
 
 

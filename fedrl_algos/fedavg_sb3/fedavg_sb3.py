@@ -29,10 +29,20 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.policies import BasePolicy
+from stable_baselines3.common.save_util import recursive_setattr
 from stable_baselines3.common.type_aliases import MaybeCallback, TrainFrequencyUnit
 
 import fedrl_envs
 from fedrl_algos.common.learn import EnvFreeLearnMixin
+from fedrl_algos.common.model_file import (
+    ModelFileError,
+    collect_save_data,
+    decode,
+    encode,
+    read_model_file,
+    write_model_file,
+)
 from fedrl_algos.fedavg_sb3.aggregation import Aggregator, ParameterAverage, broadcast, default_selector
 from fedrl_algos.fedavg_sb3.persistence import (
     FORMAT_VERSION,
@@ -41,6 +51,7 @@ from fedrl_algos.fedavg_sb3.persistence import (
     class_path,
     import_class,
     read_archive,
+    replay_buffer_member,
     write_archive,
 )
 from fedrl_envs import derive_keys
@@ -476,6 +487,14 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         except TypeError:
             agent_kwargs_json = None
             warnings.warn("the agents' gym.make kwargs are not JSON-serializable; load() will need env=", stacklevel=3)
+        try:
+            algorithm_kwargs, tensors, custom = encode(self.algorithm_kwargs)
+        except TypeError as err:
+            raise TypeError(f"algorithm_kwargs.{err}") from None
+        if tensors:
+            raise TypeError("algorithm_kwargs must not hold tensors or arrays (they are saved as JSON)")
+        if custom:
+            warnings.warn(f"algorithm_kwargs {custom} are saved by name only; load() will need algorithm_kwargs=", stacklevel=3)
         return {
             "format_version": FORMAT_VERSION,
             "algorithm_class": class_path(self.algorithm_class),
@@ -484,6 +503,7 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
             "n_agents": self.n_agents,
             "n_envs": self.n_envs_per_agent,
             "agent_kwargs": agent_kwargs_json,
+            "algorithm_kwargs": algorithm_kwargs,
             "sync_every": self.sync_every,
             "aggregate": self.aggregate_mode,
             "seed": int(self.seed),
@@ -491,23 +511,52 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
             "rounds_done": int(self.rounds_done),
         }
 
-    def save(self, path: str | pathlib.Path | io.BufferedIOBase, exclude: Any = None, include: Any = None) -> None:  # type: ignore[override]
-        """Save the federation as one zip: ``fedavg_sb3.json`` and one SB3 zip per agent.
+    def save(  # type: ignore[override]
+        self,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        exclude: Any = None,
+        include: Any = None,
+        save_replay_buffer: bool = False,
+    ) -> None:
+        """Save the federation as one zip: ``fedavg_sb3.json`` and one zip per agent (atomically).
 
-        Each agent's zip is SB3's own (networks, optimizer states, hyperparameters and counters;
-        no replay buffer, as in SB3). The format is :mod:`fedrl_algos.fedavg_sb3.persistence`'s.
+        Each agent's zip has SB3's layout — networks and optimizer states (``*.pth``), torch
+        variables (SAC's ``log_ent_coef``), hyperparameters and counters in ``data`` — but its
+        ``data`` holds data only (:mod:`fedrl_algos.common.model_file`): what SB3 would pickle
+        (the policy and replay-buffer classes, the learning-rate and exploration schedules,
+        ``train_freq``) is left out and rebuilt on load from the saved ``algorithm_kwargs``.
+        Replay buffers are not saved unless ``save_replay_buffer=True`` (as SB3, which keeps them
+        out of its zip and saves them apart with ``save_replay_buffer``); rollout buffers never
+        (PPO/A2C refill them each rollout). The environments' state and SB3's global random
+        generators are not saved either, so a resumed run continues from the saved networks,
+        optimizers and counters but its episodes and draws differ from an uninterrupted run.
 
         :param path: a file path (without a suffix it gets ``.zip``) or a writable binary file object
-        :param exclude: extra attribute names each agent's SB3 zip leaves out
-        :param include: attribute names each agent's SB3 zip keeps anyway
+        :param exclude: extra attribute names each agent's zip leaves out
+        :param include: attribute names each agent's zip keeps anyway
+        :param save_replay_buffer: also save every off-policy agent's replay buffer (its arrays as
+            tensors, ``agent_<i>_replay_buffer.pt``)
         """
         config = self._config()
         blobs = []
-        for model in self.agents:
+        extra: dict[str, bytes] = {}
+        for i, model in enumerate(self.agents):
+            data, params, variables = collect_save_data(model, [*_AGENT_EXTRAS, *(exclude or [])], include)
+            # What is not data (classes, schedules, train_freq) is rebuilt from the config on load.
+            kept = {}
+            for key, value in data.items():
+                try:
+                    _, _, custom = encode({key: value})
+                except TypeError:
+                    continue
+                if not custom:
+                    kept[key] = value
             buf = io.BytesIO()
-            model.save(buf, exclude=[*_AGENT_EXTRAS, *(exclude or [])], include=include)
+            write_model_file(buf, type(model), kept, params, variables)
             blobs.append(buf.getvalue())
-        write_archive(path, config, blobs)
+            if save_replay_buffer and getattr(model, "replay_buffer", None) is not None:
+                extra[replay_buffer_member(i)] = _replay_buffer_bytes(model.replay_buffer)
+        write_archive(path, config, blobs, extra)
 
     @classmethod
     def load(  # type: ignore[override]
@@ -516,9 +565,17 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         env: FederatedVecEnv | None = None,
         device: torch.device | str = "auto",
         aggregate: Aggregator | None = None,
+        algorithm_kwargs: Mapping[str, Any] | None = None,
+        allow_pickle: bool = False,
         **kwargs: Any,
     ) -> SelfFedAvgSB3:
-        """Load a federation saved by :meth:`save`.
+        """Load a federation saved by :meth:`save`, without running code from the file.
+
+        The agents are built afresh from the saved configuration (algorithm class and policy
+        looked up among the classes already imported, ``algorithm_kwargs``, seeds), then get the
+        saved networks, optimizer states and torch variables (``torch.load(weights_only=True)``),
+        their counters and hyperparameters, and, when saved, their replay buffers. The
+        environments start new episodes (as SB3's ``load`` with ``force_reset=True``).
 
         :param path: the saved zip (``.zip`` is tried when the path has no suffix and does not exist)
             or a readable binary file object
@@ -526,21 +583,34 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
             rebuilt from the saved id and agent kwargs)
         :param device: device of the agents' networks
         :param aggregate: the server rule, required when the federation was saved with a custom one
-        :param kwargs: passed to each agent's ``algorithm_class.load`` (e.g. ``custom_objects``)
+        :param algorithm_kwargs: the agents' keyword arguments, instead of the saved ones (needed
+            where they held callables saved by name only)
+        :param allow_pickle: also load format-1 files (SB3's pickle-based agent zips, written by
+            fedrl's first release). **Unsafe**: unpickling can run code from the file; only for
+            files you trust (save them again to convert them)
+        :param kwargs: with ``allow_pickle`` on a format-1 file: passed to each agent's
+            ``algorithm_class.load`` (e.g. ``custom_objects``)
+        :raises ValueError: naming the file, for a truncated or corrupt file, an unknown format, a
+            pickle-based file without ``allow_pickle``, or agents of another class
         """
-        config, blobs = read_archive(path)
-        algorithm_class = import_class(config["algorithm_class"])
-        policy = config["policy"] if ":" not in config["policy"] else import_class(config["policy"])
+        config, blobs, members = read_archive(path, with_members=True)
+        name = str(path) if isinstance(path, str | pathlib.Path) else f"<{type(path).__name__}>"
+        if config["format_version"] < 2 and not allow_pickle:
+            raise ModelFileError(
+                f"{name}: a format-{config['format_version']} FedAvgSB3 file, whose agents are SB3's pickle-based zips; "
+                "unpickling can run code from the file. If you trust it, load it with allow_pickle=True and save it again to convert it."
+            )
+        try:
+            algorithm_class = import_class(config["algorithm_class"], BaseAlgorithm)
+            policy = config["policy"] if ":" not in config["policy"] else import_class(config["policy"], BasePolicy)
+        except ValueError as err:
+            raise ModelFileError(f"{name}: {err}") from None
         if config["aggregate"] == "custom":
             if aggregate is None:
                 raise ValueError("this federation was saved with a custom server rule: pass it as aggregate=")
             mode_or_rule: Any = aggregate
         else:
             mode_or_rule = aggregate if aggregate is not None else config["aggregate"]
-        model = cls(
-            algorithm_class, None, aggregate=mode_or_rule, seed=config["seed"], policy=policy,
-            n_envs=config["n_envs"], device=device, sync_every=config["sync_every"], _init_setup_model=False,
-        )
         if env is None:
             if config["agent_kwargs"] is None:
                 raise ValueError("the saved agent kwargs were not JSON-serializable: pass env=FederatedVecEnv(...)")
@@ -548,6 +618,32 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
             env = FederatedVecEnv(config["env_id"], config["n_envs"], agent_kwargs=agent_kwargs, seed=config["seed"])
         elif not isinstance(env, FederatedVecEnv) or env.n_agents != config["n_agents"]:
             raise ValueError(f"env must be a FederatedVecEnv with {config['n_agents']} agents, got {env!r}")
+        if config["format_version"] < 2:
+            model = cls._load_pickled_agents(config, blobs, env, algorithm_class, policy, mode_or_rule, device, kwargs)
+        else:
+            if kwargs:
+                raise TypeError(f"FedAvgSB3.load() got unexpected keyword arguments {sorted(kwargs)}")
+            if algorithm_kwargs is None:
+                algorithm_kwargs = decode({"algorithm_kwargs": config["algorithm_kwargs"]}, {}, name)["algorithm_kwargs"]
+            model = cls(algorithm_class, env, aggregate=mode_or_rule, seed=config["seed"], policy=policy,
+                        algorithm_kwargs=algorithm_kwargs, sync_every=config["sync_every"], device=device)
+            for i, (agent, blob) in enumerate(zip(model.agents, blobs, strict=True)):
+                _restore_agent(agent, blob, f"{name}: agent_{i}.zip", device)
+                member = replay_buffer_member(i)
+                if member in members:
+                    _restore_replay_buffer(agent, members[member], f"{name}: {member}")
+        model.num_timesteps = int(config["num_timesteps"])
+        model.rounds_done = int(config["rounds_done"])
+        return model
+
+    @classmethod
+    def _load_pickled_agents(cls, config: dict[str, Any], blobs: list[bytes], env: FederatedVecEnv, algorithm_class: type,
+                             policy: Any, mode_or_rule: Any, device: Any, kwargs: dict[str, Any]) -> Any:
+        """Format 1 (opt-in, unsafe): each agent through SB3's own ``load``, which unpickles."""
+        model = cls(
+            algorithm_class, None, aggregate=mode_or_rule, seed=config["seed"], policy=policy,
+            n_envs=config["n_envs"], device=device, sync_every=config["sync_every"], _init_setup_model=False,
+        )
         model.fed_env = env
         model.env_id = env.env_id
         model.n_agents = env.n_agents
@@ -562,6 +658,62 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         model.sync_every = int(config["sync_every"])
         model.observation_space = model.agents[0].observation_space
         model.action_space = model.agents[0].action_space
-        model.num_timesteps = int(config["num_timesteps"])
-        model.rounds_done = int(config["rounds_done"])
         return model
+
+
+# Attributes of an agent that its fresh construction fixes (the env binding) rather than the file.
+_AGENT_FIXED = ("observation_space", "action_space", "n_envs", "policy_kwargs", "_last_obs", "_last_episode_starts",
+                "_last_original_obs", "device")
+
+
+def _restore_agent(agent: BaseAlgorithm, blob: bytes, name: str, device: Any) -> None:
+    """Give a freshly built agent the saved networks, optimizers, variables and counters."""
+    data, params, variables = read_model_file(io.BytesIO(blob), type(agent), device=agent.device, name=name)
+    for key in ("observation_space", "action_space"):
+        if key in data and data[key] != getattr(agent, key):
+            raise ModelFileError(f"{name}: saved {key} {data[key]} differs from the environment's {getattr(agent, key)}")
+    for key in _AGENT_FIXED:
+        data.pop(key, None)
+    agent.__dict__.update(data)
+    try:
+        agent.set_parameters(params, exact_match=True, device=agent.device)
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ModelFileError(f"{name}: its parameters do not fit {type(agent).__name__} with the saved algorithm_kwargs ({err})") from None
+    for key, value in (variables or {}).items():
+        if value is not None:
+            recursive_setattr(agent, f"{key}.data", value.data)
+
+
+def _replay_buffer_bytes(buffer: Any) -> bytes:
+    """A replay buffer's arrays and position as tensors (``torch.save``; read back with weights_only)."""
+    state: dict[str, Any] = {"pos": torch.tensor(int(buffer.pos)), "full": torch.tensor(bool(buffer.full))}
+    for key, value in vars(buffer).items():
+        if isinstance(value, np.ndarray):
+            state[key] = torch.from_numpy(value.copy())
+        elif isinstance(value, dict) and value and all(isinstance(v, np.ndarray) for v in value.values()):
+            state[key] = {k: torch.from_numpy(v.copy()) for k, v in value.items()}
+    out = io.BytesIO()
+    torch.save(state, out)
+    return out.getvalue()
+
+
+def _restore_replay_buffer(agent: BaseAlgorithm, blob: bytes, name: str) -> None:
+    buffer = getattr(agent, "replay_buffer", None)
+    if buffer is None:
+        raise ModelFileError(f"{name}: a replay buffer was saved, but {type(agent).__name__} has none")
+    try:
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    except Exception as err:  # weights_only refusals and truncation alike  # noqa: BLE001
+        raise ModelFileError(f"{name}: not a replay buffer of tensors ({type(err).__name__}: {err})".splitlines()[0]) from None
+    arrays = {k: v for k, v in vars(buffer).items() if isinstance(v, np.ndarray | dict) and k in state}
+    for key, current in arrays.items():
+        saved = state[key]
+        pairs = current.items() if isinstance(current, dict) else [(None, current)]
+        for sub, array in pairs:
+            tensor = saved[sub] if sub is not None else saved
+            restored = tensor.numpy()
+            if restored.shape != array.shape or restored.dtype != array.dtype:
+                raise ModelFileError(f"{name}: {key} has shape {restored.shape} {restored.dtype}, the agent's buffer {array.shape} {array.dtype}")
+            array[...] = restored
+    buffer.pos = int(state["pos"])
+    buffer.full = bool(state["full"])
