@@ -276,7 +276,7 @@ class _Encoder:
         attacks = _attack_types()
         if getattr(type(value), "name", None) in attacks and attacks[type(value).name] is type(value):
             return {":attack:": type(value).name, "state": {k: self(v, f"{where}.{k}") for k, v in vars(value).items()}}
-        from wrappers.heterogeneity import factory_to_json
+        from fedrl_wrappers.heterogeneity import factory_to_json
 
         try:
             return {":wrapper_factory:": self(factory_to_json(value), where)}
@@ -410,7 +410,7 @@ class _Decoder:
             obj.__dict__.update(self(value.get("state", {}), where))
             return obj
         if tag == ":wrapper_factory:":
-            from wrappers.heterogeneity import factory_from_json
+            from fedrl_wrappers.heterogeneity import factory_from_json
 
             try:
                 return factory_from_json(self(arg, where))
