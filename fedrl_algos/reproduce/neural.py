@@ -43,7 +43,14 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
 from fedrl_algos.policies.mlp_kernels import mlp_rollout
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, FederatedTrainingConfig, TableRow
+from fedrl_algos.reproduce.common import (
+    Experiment,
+    ExperimentOutput,
+    FederatedTrainingConfig,
+    TableRow,
+    WallTimeEstimate,
+    linear_estimate,
+)
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
 
 __all__ = [
@@ -338,6 +345,11 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
     paper_reference = "figure 2 (left), section 7 and appendix C.5"
     config_class = CurvatureConfig
 
+    def estimate_wall_time(self, config: CurvatureConfig, seeds: int) -> WallTimeEstimate:
+        # docs/reproduction.md: 502 s wall for 10 seeds, 150 rounds, 7 settings (6 m_h and first order)
+        return linear_estimate(self.name, 502.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (len(config.m_hs) + 1, 7)},
+                               "docs/reproduction.md")
+
     def run(self, config: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
             return self._run(config, seeds, device, progress)
@@ -532,6 +544,11 @@ class FewShotExperiment(Experiment[FewShotConfig]):
     description = "few-shot personalization of a first-order meta-initialization to held-out arc goals"
     paper_reference = "figure 2 (right), figure 7, section 7 and appendix C.6"
     config_class = FewShotConfig
+
+    def estimate_wall_time(self, config: FewShotConfig, seeds: int) -> WallTimeEstimate:
+        # docs/reproduction.md: 14 s wall for 10 seeds, 150 rounds
+        return linear_estimate(self.name, 14.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150)},
+                               "docs/reproduction.md")
 
     def run(self, config: FewShotConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
@@ -738,6 +755,11 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
     description = "held-out rollouts before and after one adaptation step, drawn on the arc"
     paper_reference = "figure 8, appendix C.6"
     config_class = RolloutsConfig
+
+    def estimate_wall_time(self, config: RolloutsConfig, seeds: int) -> WallTimeEstimate:
+        # docs/reproduction.md: 12 s wall for 10 seeds, 150 rounds
+        return linear_estimate(self.name, 12.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150)},
+                               "docs/reproduction.md")
 
     def run(self, config: RolloutsConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
