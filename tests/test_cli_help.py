@@ -50,3 +50,31 @@ def test_envs_and_bench_envs_seed_help_is_shown(capsys):
     text = capsys.readouterr().out
     seed_line = next(line for line in text.splitlines() if line.strip().startswith("--seed"))
     assert len(seed_line.split()) > 2  # "--seed SEED" followed by its help
+
+
+# --- the docs say what the code does -------------------------------------------------------------
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def test_envs_index_lists_every_registered_family():
+    import fedrl_envs
+
+    rows = [line for line in (ROOT / "docs" / "envs" / "index.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and "fedrl/" in line]
+    ids = [next(cell.strip(" `") for cell in row.split("|") if "fedrl/" in cell) for row in rows]
+    assert ids == list(fedrl_envs.FAMILIES)
+    for env_id, family in fedrl_envs.FAMILIES.items():
+        name = next(n for n in dir(fedrl_envs) if getattr(fedrl_envs, n) is family and n.isupper())
+        row = rows[ids.index(env_id)]
+        assert f"`fedrl_envs.{name}`" in row and (ROOT / "docs" / "envs" / row.split("(")[-1].split(")")[0]).exists()
+
+
+def test_readme_names_every_experiment_that_reproduce_all_runs():
+    from fedrl_algos.reproduce import EXPERIMENTS
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert all(e.include_in_all for e in EXPERIMENTS.values())  # ``all`` is every experiment
+    claim = readme[readme.index("`all` runs every experiment"):].split("\n\n")[0]
+    assert all(f"`{name}`" in claim for name in EXPERIMENTS)
+    assert "`--out DIR` (default `fedrl-demo/`, ignored by git)" in " ".join(readme.split())
+    assert "fedrl-demo/" in (ROOT / ".gitignore").read_text().splitlines()

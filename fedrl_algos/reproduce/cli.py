@@ -74,7 +74,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print("fedrl reproduce: --device cuda was requested but CUDA is not available", file=sys.stderr)
             return 2
     if args.experiment == "all":
-        names = list(EXPERIMENTS)
+        names = [name for name, exp in EXPERIMENTS.items() if exp.include_in_all]
     else:
         names = [args.experiment]
     chosen = {flag: pair for flag, pair in _flag_fields(args).items() if pair[1] is not None}

@@ -170,7 +170,8 @@ class Experiment(ABC, Generic[ConfigT]):
     paper_reference: ClassVar[str]
     #: the frozen config dataclass (``config_class()``: the paper's configuration)
     config_class: ClassVar[type]
-    #: whether ``fedrl reproduce all`` runs it (``False`` for experiments that take hours at full size)
+    #: whether ``fedrl reproduce all`` runs it (every experiment of this package does: README promises
+    #: "every experiment", and ``fedrl reproduce all`` prints the expected wall time first)
     include_in_all: ClassVar[bool] = True
 
     @classmethod

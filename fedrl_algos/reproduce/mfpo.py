@@ -4,8 +4,8 @@
   ``fedrl/Pendulum-v0``: option ``env``) family with 10 agents, K = 10, D = 20: evaluation return
   against environment steps per agent and against communication rounds (figs. 3), Table I; then
   MFPO's number-of-agents sweep N ∈ {1, 5, 10, 20, 50} (fig. 5) and local-steps sweep
-  K ∈ {1, 5, 10, 20, 50} (fig. 6). Fed-DQN and Fed-SAC belong to issue 7 and are reported as
-  missing rows, never run here.
+  K ∈ {1, 5, 10, 20, 50} (fig. 6). Fed-DQN (discrete actions) or Fed-SAC (continuous) runs as the
+  federated SB3 baseline, by default at the reduced budget of :data:`SB3_REDUCED_BUDGETS`.
 * ``byzantine`` — FedPG-BR and FedAvg-PG with no attack and with 3 of 10 Byzantine agents under
   random noise and sign flipping (records carry ``attack``).
 
