@@ -436,7 +436,7 @@ def _add_envs_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--agents", type=positive_int, default=8, help="number of agents (default 8)")
     p.add_argument("--sync-max-envs", type=positive_int, default=None, help="largest envs per agent timed under SyncVectorEnv")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the envs, the random actions and the policies (default 0)")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd_bench_envs)
 
@@ -474,7 +474,11 @@ BENCH_TARGETS.append(_add_training_target)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
-    bench = subparsers.add_parser("bench", help="throughput benchmarks against same-process baselines")
-    targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET")
+    bench = subparsers.add_parser(
+        "bench", help="throughput benchmarks against same-process baselines",
+        description="Throughput benchmarks, each next to its baseline measured in the same process: "
+        "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped).",
+    )
+    targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:
         add_target(targets)

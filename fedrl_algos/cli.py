@@ -34,8 +34,13 @@ def _cmd_envs(args: argparse.Namespace) -> int:
 
 def register_envs(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl envs`` to the ``fedrl`` parser."""
-    envs = subparsers.add_parser("envs", help="list every registered task family with its tasks")
-    envs.add_argument("--all", action="store_true", help="list every held-out task")
+    envs = subparsers.add_parser(
+        "envs",
+        help="list every registered task family with its tasks",
+        description="List every registered task family (its Gymnasium id, observation and action spaces, horizon), "
+        "its training tasks (agent=k of gym.make) and its held-out tasks.",
+    )
+    envs.add_argument("--all", action="store_true", help="list every held-out task (default: the first 4 of each family)")
     envs.set_defaults(func=_cmd_envs)
 
 
@@ -52,7 +57,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fedrl`` command, one sub-command per :data:`COMMANDS` entry."""
     parser = argparse.ArgumentParser(prog="fedrl", description="Federated and personalized reinforcement learning.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="the sub-command (fedrl COMMAND --help for its options)")
     for register in COMMANDS:
         register(sub)
     return parser

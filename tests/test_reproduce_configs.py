@@ -160,3 +160,108 @@ def test_runs_with_different_configs_interleave(monkeypatch):
         assert vars(EXPERIMENTS[name]) == state[name]
     # and sequentially: a run after another config's run is the same as before it
     assert _run(*jobs[0]).records == alone[0]
+
+
+# --- defaults that fit the machine, expected wall times and progress ---------------------------------
+def test_default_sb3_budget_is_the_reduced_run_and_paper_selects_the_papers_size(calls, tmp_path, capsys):
+    from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, SB3_REDUCED_BUDGETS
+
+    assert main(["reproduce", "mfpo", "--env", "cartpole", "--out", str(tmp_path)]) == 0
+    config = calls[-1][1]
+    assert config.budget == PAPER_BUDGET == 1e6 and config.resolved_sb3_budget == SB3_REDUCED_BUDGETS["cartpole"] == 2e4
+    assert main(["reproduce", "mfpo", "--env", "pendulum", "--out", str(tmp_path)]) == 0
+    assert calls[-1][1].resolved_sb3_budget == 1e4
+    assert main(["reproduce", "mfpo", "--sb3-budget", "paper", "--out", str(tmp_path)]) == 0
+    assert calls[-1][1].sb3_budget == calls[-1][1].resolved_sb3_budget == 1e6
+    assert main(["reproduce", "byzantine", "--budget", "PAPER", "--out", str(tmp_path)]) == 0
+    assert calls[-1][1].budget == 1e6
+    # the default reduced run never exceeds a smaller --budget
+    assert main(["reproduce", "mfpo", "--budget", "5e3", "--out", str(tmp_path)]) == 0
+    assert calls[-1][1].resolved_sb3_budget == 5e3
+    with pytest.raises(SystemExit):
+        main(["reproduce", "mfpo", "--sb3-budget", "papers"])
+    assert "must be a number > 0, got 'papers'" in capsys.readouterr().err
+
+
+def test_the_expected_wall_time_is_printed_to_stderr_before_the_run(calls, tmp_path, capsys):
+    assert main(["reproduce", "mfpo", "--env", "cartpole", "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    estimate = EXPERIMENTS["mfpo"].estimate_wall_time(calls[-1][1], reproduce_cli.DEFAULT_SEEDS)
+    assert f"fedrl reproduce mfpo: expected wall time {estimate.describe()} with 10 seeds" in err
+    assert "measured on a 2-core machine" in err and "ETA" in err
+    assert "expected wall time" not in out  # stdout keeps only the results lines
+    # every phase of the default run, from measured rates: 20 min to 3 h on two cores, Fed-DQN at 2e4 about 13 min
+    assert set(estimate.parts) == {"MFPO", "FedAvg-PG", "FedPG-BR", "Fed-DQN", "sweeps"}
+    assert 20 * 60 < estimate.seconds < 3 * 3600 and 10 * 60 < estimate.parts["Fed-DQN"] < 16 * 60
+    # the estimate scales with what it is estimated from: seeds and the SB3 budget
+    double = EXPERIMENTS["mfpo"].estimate_wall_time(calls[-1][1], 20)
+    assert double.seconds == pytest.approx(2 * estimate.seconds)
+    paper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(sb3_budget=1e6), 10)
+    assert paper.parts["Fed-DQN"] == pytest.approx(50 * estimate.parts["Fed-DQN"]) and paper.parts["Fed-DQN"] > 10 * 3600
+    # a row without measured rates says so instead of guessing
+    assert "unknown" in EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper"), 3).describe()
+    # ``all`` runs every experiment and prints their total
+    calls.clear()
+    assert main(["reproduce", "all", "--out", str(tmp_path)]) == 0
+    assert [c[0] for c in calls] == list(EXPERIMENTS)
+    err = capsys.readouterr().err
+    assert all(f"fedrl reproduce {name}: expected wall time ≈" in err for name in EXPERIMENTS)
+    assert f"expected wall time of the {len(EXPERIMENTS)} experiments ≈" in err
+
+
+def test_every_phase_of_a_quick_run_shows_a_progress_bar_on_stderr(monkeypatch, capsys):
+    """The comparison's three methods and its SB3 baseline, each a bar with a total (hence an ETA)."""
+    import fedrl_algos.reproduce.mfpo as mfpo
+
+    seen = []
+
+    def fake_sb3(method, env, seeds, budget, n_agents=10, device="cpu", bar=None):
+        # the real one advances ``bar`` through a StepsProgressCallback (its own test below)
+        seen.append(bar)
+        bar.update(bar.total)
+        return []
+
+    monkeypatch.setattr(mfpo, "train_sb3_baseline", fake_sb3)
+    config = EXPERIMENTS["mfpo"].config(quick=True, sweeps=False)
+    EXPERIMENTS["mfpo"].run(config, seeds=1, device="cpu", progress=True)
+    out, err = capsys.readouterr()
+    assert out == ""
+    for phase in ("MFPO", "FedAvg-PG", "FedPG-BR"):
+        assert f"{phase}:   0%|          | 0.00/2.00 [" in err  # 2 quick rounds: the bar has a total, so an ETA
+    assert seen and seen[0] is not None and seen[0].total == 60  # Fed-DQN: 60 steps per agent × 1 seed
+    assert "Fed-DQN:   0%|" in err and "/60.0 [" in err and "steps/agent" in err
+
+
+def test_steps_progress_callback_counts_steps_per_agent_up_to_the_total():
+    from types import SimpleNamespace
+
+    from fedrl_algos.reproduce.sb3_baselines import StepsProgressCallback
+
+    class Bar:  # what the callback uses of a tqdm bar
+        total, n = 100, 0.0
+
+        def update(self, k):
+            self.n += k
+
+    bar = Bar()
+    callback = StepsProgressCallback(bar, n_agents=4)
+    callback.model = SimpleNamespace(num_timesteps=0)
+    callback._on_training_start()
+    for steps in (40, 200, 480):  # rounds of 10, 40 and 70 steps per agent; the last overshoots
+        callback.model.num_timesteps = steps
+        assert callback._on_step() is True
+    assert bar.n == 100
+    with pytest.raises(ValueError, match="n_agents"):
+        StepsProgressCallback(bar, n_agents=0)
+
+
+def test_a_quick_reproduce_run_shows_progress_on_stderr_and_results_on_stdout(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "fedrl_algos.cli", "reproduce", "alpha", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "alpha" in run.stderr and "%|" in run.stderr and "round" in run.stderr  # tqdm's bar with its rate
+    assert "--quick smoke runs" in run.stderr
+    assert run.stdout.startswith("alpha: ") and "%|" not in run.stdout

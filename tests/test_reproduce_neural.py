@@ -143,6 +143,38 @@ def test_demo_smoke(tmp_path, capsys):
     assert (tmp_path / "heldout_rollouts.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "meta-init, zero-shot" in printed and "from scratch (2 PG steps × 20 = 40 traj.)" in printed
+    # per-goal return and success, and the number of rollouts behind them
+    assert "20 evaluation rollouts per goal" in printed and "goal 2" in printed and printed.count("return success") == 4
+    # the footnote appears exactly when a goal's adapted return is below its zero-shot return (marked *)
+    assert ("* adaptation lowered the return of goal" in printed) == ("%*" in printed)
+
+
+def test_demo_footnote_explains_a_lowered_goal():
+    from fedrl_algos.reproduce.demo import adaptation_notes
+
+    zero, success = torch.tensor([0.22, 1.04, 3.25]), torch.tensor([0.16, 0.97, 1.0])
+    assert adaptation_notes(zero, zero + 0.1, success, 200, 1000) == []  # no goal lowered: no footnote
+    text = " ".join(" ".join(adaptation_notes(zero, torch.tensor([0.26, 3.74, 1.10]), success, 200, 1000, step_size=1.0)).split())
+    assert "goal 2 (3.25 -> 1.10, zero-shot success 100%)" in text and "goal 0" not in text and "goal 1" not in text
+    assert "single policy-gradient step of size α = 1" in text and "200 trajectories" in text and "1000 rollouts" in text
+
+
+def test_arc_rollouts_figure_counts_its_rollouts(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from fedrl_algos.reproduce.neural import draw_arc_rollouts
+
+    titles, labels = [], []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, **k: titles.append(t))
+    original = matplotlib.axes.Axes.set_xlabel
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlabel", lambda self, t, **k: (labels.append(t), original(self, t, **k)))
+    path = torch.zeros(2, 1, 3, 4, 2)  # [phase, goal, drawn, T, xy]
+    drawn = {"positions": path.tolist(), "success": [[[True, False, False]], [[True, True, False]]], "goals": [[0.8, 0.0]],
+             "train_goals": [[0.8, 0.1]], "radius": 0.2, "m_adapt": 50, "eval_success": [[0.25], [0.5]], "eval_trajectories": 64}
+    draw_arc_rollouts(drawn, tmp_path / "f.png")
+    assert "1 of 3 drawn rollouts reach the goal" in titles[0] and "25% of 64 evaluation rollouts" in titles[0]
+    assert "2 of 3 drawn rollouts reach the goal" in titles[1] and "50% of 64 evaluation rollouts" in titles[1]
+    assert labels and all("arena units" in label for label in labels)
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@
 :data:`EXPERIMENTS` lists every experiment: the tabular ones
 (:mod:`fedrl_algos.reproduce.tabular`: ``personalization``, ``alpha``), the neural ones
 (:mod:`fedrl_algos.reproduce.neural`: ``curvature``, ``fewshot``, ``rollouts``) and the MFPO
-paper's comparison (:mod:`fedrl_algos.reproduce.mfpo`: ``mfpo``, ``byzantine``; not part of ``all``,
-whose full versions take hours on two cores). Each takes a frozen config (``experiment.config_class``)::
+paper's comparison (:mod:`fedrl_algos.reproduce.mfpo`: ``mfpo``, ``byzantine``); ``fedrl reproduce all``
+runs all of them in this order. Each takes a frozen config (``experiment.config_class``)::
 
     from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 

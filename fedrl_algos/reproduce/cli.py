@@ -13,12 +13,50 @@ from typing import Any
 
 from fedrl_algos._cli_args import positive_float, positive_int
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
+from fedrl_algos.reproduce.common import format_duration
+from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, SB3_REDUCED_BUDGETS
 
-__all__ = ["register", "cmd_reproduce", "DEFAULT_SEEDS", "QUICK_SEEDS"]
+__all__ = ["register", "cmd_reproduce", "budget_value", "DEFAULT_SEEDS", "QUICK_SEEDS"]
 
 #: seeds of a full run (the paper's 10) and of a ``--quick`` run
 DEFAULT_SEEDS = 10
 QUICK_SEEDS = 2
+
+
+def budget_value(text: str) -> float:
+    """``argparse`` type of ``--budget`` / ``--sb3-budget``: ``paper`` (the paper's 1e6 steps per agent)
+    or a number > 0 of steps per agent."""
+    if text.strip().lower() == "paper":
+        return PAPER_BUDGET
+    return positive_float(text)
+
+
+def _steps(value: float) -> str:
+    """``1e6``, ``2e4``: a step count as the docs write it."""
+    return f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def _print_estimates(names: list[str], configs: dict[str, Any], seeds: int, quick: bool) -> None:
+    """Print the expected wall time of each experiment before any runs (stderr: stdout keeps the results)."""
+    if quick:
+        # the smoke configs have no measured wall times; their cost is start-up and a few rounds
+        print("fedrl reproduce: --quick smoke runs take seconds to a few minutes each (mfpo's Fed-DQN phase the longest)",
+              file=sys.stderr)
+        return
+    total, known = 0.0, True
+    for name in names:
+        estimate = EXPERIMENTS[name].estimate_wall_time(configs[name], seeds)
+        if estimate is None or estimate.seconds is None:
+            known = False
+        else:
+            total += estimate.seconds
+        text = "unknown: no measured rate on record" if estimate is None else estimate.describe()
+        basis = f"; from {estimate.basis}" if estimate is not None else ""
+        print(f"fedrl reproduce {name}: expected wall time {text} with {seeds} seeds on CPU{basis}. "
+              "The progress bars (stderr) show each phase's own ETA.", file=sys.stderr)
+    if len(names) > 1:
+        print(f"fedrl reproduce: expected wall time of the {len(names)} experiments "
+              f"{'≈ ' + format_duration(total) if known else 'unknown (at least ' + format_duration(total) + ')'}", file=sys.stderr)
 
 
 def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
@@ -54,6 +92,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
     out = Path(args.out)
     progress = not args.no_progress
+    _print_estimates(names, configs, seeds, args.quick)
     start = time.perf_counter()
     for name in names:
         payload = run_experiment(EXPERIMENTS[name], out, seeds=seeds, quick=args.quick, device=args.device, progress=progress,
@@ -67,14 +106,18 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl reproduce`` to the ``fedrl`` parser."""
     lines = [f"  {name:16s} {exp.description}" for name, exp in EXPERIMENTS.items()]
-    excluded = [name for name, exp in EXPERIMENTS.items() if not exp.include_in_all]
+    estimates = [e.estimate_wall_time(e.config(), DEFAULT_SEEDS) for e in EXPERIMENTS.values()]
+    default_all = sum((est.seconds or 0.0) if est is not None else 0.0 for est in estimates)
     parser = subparsers.add_parser(
         "reproduce",
         help="rerun an experiment of the Per-FedAvg-PG or MFPO paper (results.json, PNG figures, report.md)",
         description="Rerun an experiment of the Per-FedAvg-PG or MFPO paper with its configuration, batched over seeds. "
         "Writes results.json (flat records), PNG figures and report.md (this run next to the paper's numbers) "
         "under OUT/<experiment>/.",
-        epilog="experiments:\n" + "\n".join(lines) + f"\n  all              every experiment above except {' and '.join(excluded)} (hours at full size), in this order",
+        epilog="experiments:\n" + "\n".join(lines) + "\n  all              every experiment above, in this order "
+        f"(≈ {format_duration(default_all)} at the defaults on a 2-core CPU machine)\n\n"
+        "Before it starts, a run prints its expected wall time (from wall times measured on a 2-core machine) "
+        "and every phase shows a progress bar with an ETA, on stderr.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("experiment", choices=[*EXPERIMENTS, "all"], metavar="EXPERIMENT", help="an experiment name or 'all'")
@@ -85,13 +128,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="a seconds-long smoke version (few seeds, few rounds)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device (default cpu)")
     parser.add_argument("--out", default="fedrl_out", metavar="DIR", help="output directory (default fedrl_out)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (the expected wall time is still printed)")
     parser.add_argument("--env", choices=["cartpole", "pendulum", "halfcheetah", "hopper", "pong", "breakout"], default=None,
                         help="environment of the mfpo / byzantine experiments: a Table I row (default cartpole)")
-    parser.add_argument("--budget", type=positive_float, default=None, metavar="STEPS",
-                        help="environment steps per agent of the mfpo / byzantine runs (default 1e6)")
-    parser.add_argument("--sb3-budget", type=positive_float, default=None, metavar="STEPS",
-                        help="steps per agent of mfpo's Fed-DQN / Fed-SAC (default: --budget)")
+    parser.add_argument("--budget", type=budget_value, default=None, metavar="STEPS",
+                        help=f"environment steps per agent of the mfpo / byzantine runs, or 'paper' (default: the paper's {_steps(PAPER_BUDGET)})")
+    reduced = ", ".join(f"{env} {_steps(steps)}" for env, steps in SB3_REDUCED_BUDGETS.items())
+    parser.add_argument("--sb3-budget", type=budget_value, default=None, metavar="STEPS",
+                        help=f"steps per agent of mfpo's Fed-DQN / Fed-SAC, or 'paper' ({_steps(PAPER_BUDGET)}; ≈ 11 h for CartPole's "
+                        f"Fed-DQN at 10 seeds); default: the reduced run that fits a 2-core machine ({reduced}), at most --budget")
     parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
     parser.set_defaults(func=cmd_reproduce)
 

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import platform
+import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -37,6 +38,9 @@ __all__ = [
     "write_report",
     "progress_bar",
     "machine_info",
+    "WallTimeEstimate",
+    "format_duration",
+    "linear_estimate",
 ]
 
 
@@ -85,6 +89,66 @@ class FederatedTrainingConfig:
     """m_out, trajectories of the outer gradient estimate"""
 
 
+@dataclass(frozen=True)
+class WallTimeEstimate:
+    """The expected wall time of a run, from wall times measured on this project's 2-core machine.
+
+    :param parts: expected seconds of each phase, by phase name (``None``: no measured rate for it)
+    :param basis: how the numbers were estimated (the measured runs and the scaling)
+    """
+
+    parts: dict[str, float | None]
+    basis: str
+
+    @property
+    def seconds(self) -> float | None:
+        """The expected total (``None`` when a phase has no measured rate)."""
+        values = list(self.parts.values())
+        return None if any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """``≈ 1 h 4 min (MFPO 3 min, ...)`` with unknown phases named."""
+        parts = ", ".join(f"{k} {'unknown' if v is None else format_duration(v)}" for k, v in self.parts.items())
+        total = self.seconds
+        known = sum(v for v in self.parts.values() if v is not None)
+        if total is not None:
+            head = f"≈ {format_duration(total)}"
+        elif all(v is None for v in self.parts.values()):
+            return "unknown: no measured rate on record for this configuration"
+        else:
+            head = f"unknown (the phases with a measured rate: ≈ {format_duration(known)})"
+        return f"{head} ({parts})" if len(self.parts) > 1 else head
+
+
+def linear_estimate(phase: str, measured_s: float, scale: dict[str, tuple[float, float]], source: str) -> WallTimeEstimate:
+    """A run's wall time as a measured run's, scaled linearly in each size that differs.
+
+    :param phase: name of the (single) phase
+    :param measured_s: wall time of the measured run, in seconds
+    :param scale: by size name, ``(this run's value, the measured run's value)``, e.g. ``{"seeds": (5, 10)}``
+    :param source: where the measured run is documented
+    """
+    seconds = measured_s
+    for now, then in scale.values():
+        seconds *= now / then
+    sizes = ", ".join(f"{name} {then:g}" for name, (_, then) in scale.items())
+    basis = (f"the wall time measured on a 2-core machine ({measured_s:.0f} s at {sizes}; {source}), "
+             f"scaled linearly in {', '.join(scale)}")
+    return WallTimeEstimate({phase: seconds}, basis)
+
+
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``7 min``, ``1 h 4 min``, ``2.5 days``: a wall time as a person reads it."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        hours, minutes = divmod(round(seconds / 60), 60)
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 #: an experiment's config type
 ConfigT = TypeVar("ConfigT")
 
@@ -106,7 +170,8 @@ class Experiment(ABC, Generic[ConfigT]):
     paper_reference: ClassVar[str]
     #: the frozen config dataclass (``config_class()``: the paper's configuration)
     config_class: ClassVar[type]
-    #: whether ``fedrl reproduce all`` runs it (``False`` for experiments that take hours at full size)
+    #: whether ``fedrl reproduce all`` runs it (every experiment of this package does: README promises
+    #: "every experiment", and ``fedrl reproduce all`` prints the expected wall time first)
     include_in_all: ClassVar[bool] = True
 
     @classmethod
@@ -129,6 +194,16 @@ class Experiment(ABC, Generic[ConfigT]):
         config = dataclasses.replace(cls.config_class(), **changes)
         return config.quick() if quick else config
 
+    def estimate_wall_time(self, config: ConfigT, seeds: int) -> WallTimeEstimate | None:
+        """The expected wall time of ``run(config, seeds, "cpu", ...)`` on a 2-core CPU machine, from
+        this experiment's measured wall times (``None``: none on record). ``fedrl reproduce`` prints it
+        before a run starts.
+
+        :param config: an instance of :attr:`config_class`
+        :param seeds: the number of seeds
+        """
+        return None
+
     @abstractmethod
     def run(self, config: ConfigT, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         """Run the experiment with ``config`` on seeds ``0 .. seeds-1``.
@@ -150,7 +225,8 @@ def progress_bar(total: int, enabled: bool, desc: str, unit: str = "it") -> Any:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+    # stderr (tqdm's default, said explicitly): stdout carries the results that scripts parse
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, file=sys.stderr)
 
 
 def machine_info() -> dict[str, Any]:

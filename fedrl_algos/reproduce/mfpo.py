@@ -4,8 +4,8 @@
   ``fedrl/Pendulum-v0``: option ``env``) family with 10 agents, K = 10, D = 20: evaluation return
   against environment steps per agent and against communication rounds (figs. 3), Table I; then
   MFPO's number-of-agents sweep N ∈ {1, 5, 10, 20, 50} (fig. 5) and local-steps sweep
-  K ∈ {1, 5, 10, 20, 50} (fig. 6). Fed-DQN and Fed-SAC belong to issue 7 and are reported as
-  missing rows, never run here.
+  K ∈ {1, 5, 10, 20, 50} (fig. 6). Fed-DQN (discrete actions) or Fed-SAC (continuous) runs as the
+  federated SB3 baseline, by default at the reduced budget of :data:`SB3_REDUCED_BUDGETS`.
 * ``byzantine`` — FedPG-BR and FedAvg-PG with no attack and with 3 of 10 Byzantine agents under
   random noise and sign flipping (records carry ``attack``).
 
@@ -26,6 +26,8 @@ or ``MFPOComparison.config(env="pendulum", sweeps=False)`` changes fields.
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,7 +47,7 @@ from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.fedpg_br.update import make_env_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate
 from fedrl_envs import stack_params
 
 __all__ = [
@@ -267,7 +269,10 @@ class _Curve:
         self.steps += env_steps.double().cpu()
         self.trajectories += torch.as_tensor(trajectories, dtype=torch.float64).cpu()
         if self.bar is not None:
-            self.bar.set_postfix(round=self.rounds, steps=f"{float(self.steps.mean()):.3g}")
+            # steps per agent (the seeds' mean) against the budget; rounds when there is none
+            done = min(float(self.steps.mean()), self.budget) if self.budget > 0 else float(self.rounds)
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix(round=self.rounds, refresh=False)
         # The seeds' mean: a collapsed seed (10-step episodes) must not keep the whole batch running.
         return bool(self.steps.mean() < self.budget) and self.rounds < self.max_rounds
 
@@ -393,27 +398,63 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
     return curve.points, stats
 
 
+#: the paper's environment steps per agent (Table I's runs, and the sweeps of figs. 5 and 6)
+PAPER_BUDGET = 1e6
+#: the default steps per agent of Fed-DQN / Fed-SAC: the reduced runs that fit a 2-core machine
+#: (CartPole's Fed-DQN: 784 s at 2e4 for 10 seeds, ≈ 11 h at 1e6; Pendulum's Fed-SAC: 800 s at 1e4
+#: for 2 seeds; docs/reproduction_mfpo.md); the MuJoCo and Atari rows take Fed-SAC / Fed-DQN's 1e4,
+#: not measured there
+SB3_REDUCED_BUDGETS = {"cartpole": 2e4, "pendulum": 1e4, "halfcheetah": 1e4, "hopper": 1e4, "pong": 1e4, "breakout": 1e4}
+
+#: measured wall time per seed, per agent and per 1e6 environment steps per agent, in seconds, by
+#: env and method (byzantine: by method and attack), from the runs of docs/reproduction_mfpo.md on
+#: the 2-core machine (load average 3–6): CartPole comparison 10 seeds (MFPO 183 s, FedAvg-PG 101 s,
+#: FedPG-BR 310 s at 1e6; Fed-DQN 784 s at 2e4), Pendulum 3 seeds at 1e6 (31, 20, 151 s) and Fed-SAC
+#: 2 seeds at 1e4 (800 s), byzantine 5 seeds at 1e6. The agents sweep (3 seeds: 19–256 s for N = 1–50)
+#: agrees with the MFPO rate times the agents to within 5 %. The MuJoCo and Atari rows have none.
+MEASURED_RATES: dict[str, dict[str, float]] = {
+    "cartpole": {"MFPO": 1.83, "FedAvg-PG": 1.01, "FedPG-BR": 3.10, "Fed-DQN": 392.0},
+    "pendulum": {"MFPO": 1.03, "FedAvg-PG": 0.67, "FedPG-BR": 5.03, "Fed-SAC": 4000.0},
+}
+BYZANTINE_RATES: dict[str, dict[tuple[str, str], float]] = {
+    "cartpole": {("FedPG-BR", "none"): 3.72, ("FedPG-BR", "random_noise"): 3.30, ("FedPG-BR", "sign_flip"): 3.88,
+                 ("FedAvg-PG", "none"): 0.98, ("FedAvg-PG", "random_noise"): 1.44, ("FedAvg-PG", "sign_flip"): 3.56},
+}
+RATES_BASIS = ("wall times measured on a 2-core machine at load 3–6, per seed, agent and step per agent, "
+               "scaled linearly in seeds, agents and steps per agent")
+
+
 #: the federated SB3 baseline of each environment that SB3 can run (DQN: discrete actions; SAC: continuous)
 SB3_BASELINES = {"cartpole": ("Fed-DQN",), "pendulum": ("Fed-SAC",), "halfcheetah": ("Fed-SAC",), "hopper": ("Fed-SAC",),
                  "pong": ("Fed-DQN",), "breakout": ("Fed-DQN",)}
 
 
+def sb3_steps_per_agent(budget: float, n_agents: int) -> float:
+    """The environment steps per agent that :func:`train_sb3_baseline` asks of each run (at least one)."""
+    return max(int(budget * n_agents), n_agents) / n_agents
+
+
 def train_sb3_baseline(method: str, env: str, seeds: Sequence[int], budget: float, n_agents: int = 10, evaluations: int = 10,
-                       eval_episodes: int = 5, device: str = "cpu") -> list[dict[str, Any]]:
+                       eval_episodes: int = 5, device: str = "cpu", bar: Any = None) -> list[dict[str, Any]]:
     """Fed-DQN / Fed-SAC from issue 7 (:func:`fedrl_algos.reproduce.sb3_baselines.run_fed_baseline`), one run per seed.
 
     Their evaluation (issue 7's protocol) is deterministic episodes on every agent's own task.
-    """
-    from fedrl_algos.reproduce.sb3_baselines import run_fed_baseline
 
-    total = max(int(budget * n_agents), n_agents)
+    :param bar: a tqdm bar advanced by every seed's environment steps per agent (``None``: none)
+    """
+    from fedrl_algos.reproduce.sb3_baselines import StepsProgressCallback, run_fed_baseline
+
+    total = int(sb3_steps_per_agent(budget, n_agents) * n_agents)
     out = []
     # the Gymnasium rows: the same heterogeneous agents as the policy-gradient methods'
     extra = {"agent_kwargs": generic_agent_kwargs(env, n_agents), "policy": "CnnPolicy" if env in ("pong", "breakout") else "MlpPolicy"} \
         if env in GENERIC_ENVS else {}
-    for seed in seeds:
+    for k, seed in enumerate(seeds):
         rows = run_fed_baseline(method, ENVS.get(env, GENERIC_ENVS.get(env)), n_agents, total, int(seed),
-                                eval_every=max(total // evaluations, 1), eval_episodes=eval_episodes, device=device, **extra)
+                                eval_every=max(total // evaluations, 1), eval_episodes=eval_episodes, device=device,
+                                callback=None if bar is None else StepsProgressCallback(bar, n_agents), **extra)
+        if bar is not None:
+            bar.set_postfix(seeds_done=f"{k + 1}/{len(seeds)}", refresh=False)
         out += [{"seed": int(seed), "round": r["round"], "step": float(r["env_steps_per_agent"]), "trajectories": None,
                  "return": float(r["eval_return"])} for r in rows]
     return out
@@ -473,20 +514,26 @@ def _first_reaching(records: list[dict[str, Any]], threshold: float, **match: An
     return None
 
 
-def _bar(enabled: bool, desc: str) -> Any:
+def _bar(enabled: bool, desc: str, total: float, unit: str) -> Any:
+    """A tqdm bar on stderr with a total, so that it shows its rate and ETA (``None`` when disabled)."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(desc=desc, leave=False, dynamic_ncols=True, bar_format="{desc} {postfix} [{elapsed}]")
+    # stderr (tqdm's default, said explicitly): stdout carries the results that scripts parse
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False, dynamic_ncols=True, file=sys.stderr)
 
 
+def _size(budget: float, rounds: int) -> tuple[float, str]:
+    """A training run's progress total: its budget of environment steps per agent (the seeds' mean),
+    or, without a budget (quick runs), its rounds."""
+    return (float(budget), " steps/agent") if budget > 0 else (float(rounds), " rounds")
 
-def _timed(progress: bool, desc: str, wall: dict[str, float], train: Callable[[Any], Any]) -> Any:
-    """``train(bar)`` under a progress bar ``desc`` (closed afterwards); its wall time goes to ``wall[desc]``."""
-    import time
 
-    bar = _bar(progress, desc)
+def _timed(progress: bool, desc: str, wall: dict[str, float], train: Callable[[Any], Any], size: tuple[float, str] = (0.0, "")) -> Any:
+    """``train(bar)`` under a progress bar ``desc`` of ``size`` = ``(total, unit)`` (closed afterwards);
+    its wall time goes to ``wall[desc]``."""
+    bar = _bar(progress, desc, *size)
     start = time.perf_counter()
     try:
         return train(bar)
@@ -494,6 +541,7 @@ def _timed(progress: bool, desc: str, wall: dict[str, float], train: Callable[[A
         wall[desc] = time.perf_counter() - start
         if bar is not None:
             bar.close()
+
 
 def _plot_curves(ax: Any, records: list[dict[str, Any]], key: str, group: str, label: Callable[[Any], str]) -> None:
     """Mean ± std over seeds of ``return`` against ``key`` for each value of ``group``."""
@@ -577,7 +625,8 @@ class MFPOConfig:
     sb3_baselines: bool = True
     """run Fed-DQN / Fed-SAC where SB3 supports the action space"""
     sb3_budget: float | None = None
-    """environment steps per agent of Fed-DQN / Fed-SAC (``None``: ``budget``)"""
+    """environment steps per agent of Fed-DQN / Fed-SAC (``None``: the reduced run of
+    :data:`SB3_REDUCED_BUDGETS`, at most ``budget``; :data:`PAPER_BUDGET` is the paper's size)"""
     rounds: int = 10**6
     """most communication rounds of a comparison run"""
     sweep_rounds: int = 10**6
@@ -596,6 +645,14 @@ class MFPOConfig:
     def __post_init__(self) -> None:
         _check_env(self.env)
 
+    @property
+    def resolved_sb3_budget(self) -> float:
+        """The steps per agent that Fed-DQN / Fed-SAC run: ``sb3_budget``, or by default the reduced
+        run of :data:`SB3_REDUCED_BUDGETS` capped at ``budget``."""
+        if self.sb3_budget is not None:
+            return float(self.sb3_budget)
+        return min(SB3_REDUCED_BUDGETS[self.env], float(self.budget))
+
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
         4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps`` and
@@ -609,15 +666,32 @@ class MFPOComparison(Experiment[MFPOConfig]):
     """MFPO vs FedPG-BR vs FedAvg-PG, and MFPO's agents and local-steps sweeps."""
 
     name = "mfpo"
-    #: hours at full size on two cores: run by name, not by ``fedrl reproduce all``
-    include_in_all = False
     description = "MFPO vs FedPG-BR vs FedAvg-PG on heterogeneous CartPole/Pendulum; agents and local-steps sweeps"
     paper_reference = "the MFPO paper, section VI: Table I and figs. 3, 5, 6"
     config_class = MFPOConfig
 
+    def estimate_wall_time(self, config: MFPOConfig, seeds: int) -> WallTimeEstimate:
+        rates = MEASURED_RATES.get(config.env, {})
+        parts: dict[str, float | None] = {}
+
+        def expect(method: str, budget: float, agents: int) -> float | None:
+            rate = rates.get(method)
+            return None if rate is None else rate * seeds * agents * budget / 1e6
+
+        if config.comparison:
+            for method in ("MFPO", "FedAvg-PG", "FedPG-BR"):
+                parts[method] = expect(method, config.budget, config.n_agents)
+            for method in SB3_BASELINES[config.env] if config.sb3_baselines else ():
+                parts[method] = expect(method, sb3_steps_per_agent(config.resolved_sb3_budget, config.n_agents), config.n_agents)
+        if config.sweeps:
+            # one MFPO run per setting; the K sweep runs n_agents agents (its K barely changes the cost per step)
+            agents = sum(config.agent_counts) + config.n_agents * len(config.local_step_counts)
+            parts["sweeps"] = expect("MFPO", config.sweep_budget, agents)
+        return WallTimeEstimate(parts, f"{RATES_BASIS} (docs/reproduction_mfpo.md)")
+
     def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, env = paper_methods(config.env, config.methods), config.env
-        sb3_budget = config.sb3_budget or config.budget
+        sb3_budget = config.resolved_sb3_budget
         seed_list = list(range(seeds))
         records: list[dict[str, Any]] = []
         base = {"experiment": self.name, "env": env}
@@ -631,7 +705,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
         n = config.n_agents
         for method, train in trainers.items() if config.comparison else ():
             pop = Population(env, seed_list, n, cfg, device)
-            points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar))
+            points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar), _size(config.budget, config.rounds))
             records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=n, local_steps=cfg.local_steps)
         missing = {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"}
         for method in ("Fed-DQN", "Fed-SAC"):
@@ -645,8 +719,9 @@ class MFPOComparison(Experiment[MFPOConfig]):
                 import fedrl_algos.fedavg_sb3  # noqa: F401
             except ImportError:
                 continue
-            rows = _timed(False, method, wall, lambda _, method=method: train_sb3_baseline(method, env, seed_list, sb3_budget, n_agents=n,
-                                                                                        device=device))
+            rows = _timed(progress, method, wall, lambda bar, method=method: train_sb3_baseline(method, env, seed_list, sb3_budget, n_agents=n,
+                                                                                             device=device, bar=bar),
+                          (sb3_steps_per_agent(sb3_budget, n) * len(seed_list), " steps/agent"))
             records += [{**base, "part": "comparison", "method": method, "n_agents": n, "local_steps": None, **r} for r in rows]
             missing.pop(method)
         if config.sweeps:
@@ -657,7 +732,8 @@ class MFPOComparison(Experiment[MFPOConfig]):
                 sweep_cfg = replace(cfg, local_steps=k if cap is None else min(k, cap))
                 pop = Population(env, seed_list, agents, sweep_cfg, device)
                 desc = f"MFPO N={agents}" if part == "agents_sweep" else f"MFPO K={k}"
-                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, config.sweep_budget, config.sweep_rounds, bar=bar))
+                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, config.sweep_budget, config.sweep_rounds, bar=bar),
+                                _size(config.sweep_budget, config.sweep_rounds))
                 records += _records(points, seed_list, **base, part=part, method="MFPO", n_agents=agents, local_steps=k)
         table = self._table(records, config, missing)
         notes += [
@@ -782,10 +858,18 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
     """
 
     name = "byzantine"
-    include_in_all = False
     description = "FedPG-BR vs FedAvg-PG with 0 or 3 of 10 Byzantine agents (random noise, sign flipping) on CartPole"
     paper_reference = "FedPG-BR (Fan et al., NeurIPS 2021), the fault-tolerant baseline of the MFPO paper"
     config_class = ByzantineConfig
+
+    def estimate_wall_time(self, config: ByzantineConfig, seeds: int) -> WallTimeEstimate:
+        rates = BYZANTINE_RATES.get(config.env, {})
+        parts: dict[str, float | None] = {}
+        for method in ("FedPG-BR", "FedAvg-PG"):
+            for attack in config.attacks:
+                rate = rates.get((method, attack))
+                parts[f"{method} / {attack}"] = None if rate is None else rate * seeds * config.n_agents * config.budget / 1e6
+        return WallTimeEstimate(parts, f"{RATES_BASIS} (docs/reproduction_mfpo.md)")
 
     def run(self, config: ByzantineConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, env, seed_list = config.methods, config.env, list(range(seeds))
@@ -800,10 +884,10 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
                 attacked = None if attack == "none" else attack
                 if method == "FedPG-BR":
                     points, filter_stats[attack] = _timed(progress, f"{method} / {attack}", wall, lambda bar, pop=pop, a=attacked, b=byz: train_fedpg_br(
-                        pop, config.budget, a, b, max_rounds=config.rounds, bar=bar))
+                        pop, config.budget, a, b, max_rounds=config.rounds, bar=bar), _size(config.budget, config.rounds))
                 else:
                     points = _timed(progress, f"{method} / {attack}", wall, lambda bar, pop=pop, a=attacked, b=byz: train_fedavg(
-                        pop, config.budget, a, b, max_rounds=config.rounds, bar=bar))
+                        pop, config.budget, a, b, max_rounds=config.rounds, bar=bar), _size(config.budget, config.rounds))
                 records += _records(points, seed_list, experiment=self.name, part="byzantine", env=env, method=method, attack=attack,
                                     n_byzantine=len(byz), n_agents=n)
         table = []

@@ -43,7 +43,14 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
 from fedrl_algos.policies.mlp_kernels import mlp_rollout
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, FederatedTrainingConfig, TableRow
+from fedrl_algos.reproduce.common import (
+    Experiment,
+    ExperimentOutput,
+    FederatedTrainingConfig,
+    TableRow,
+    WallTimeEstimate,
+    linear_estimate,
+)
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
 
 __all__ = [
@@ -338,6 +345,11 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
     paper_reference = "figure 2 (left), section 7 and appendix C.5"
     config_class = CurvatureConfig
 
+    def estimate_wall_time(self, config: CurvatureConfig, seeds: int) -> WallTimeEstimate:
+        # docs/reproduction.md: 502 s wall for 10 seeds, 150 rounds, 7 settings (6 m_h and first order)
+        return linear_estimate(self.name, 502.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (len(config.m_hs) + 1, 7)},
+                               "docs/reproduction.md")
+
     def run(self, config: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
             return self._run(config, seeds, device, progress)
@@ -532,6 +544,11 @@ class FewShotExperiment(Experiment[FewShotConfig]):
     description = "few-shot personalization of a first-order meta-initialization to held-out arc goals"
     paper_reference = "figure 2 (right), figure 7, section 7 and appendix C.6"
     config_class = FewShotConfig
+
+    def estimate_wall_time(self, config: FewShotConfig, seeds: int) -> WallTimeEstimate:
+        # docs/reproduction.md: 14 s wall for 10 seeds, 150 rounds
+        return linear_estimate(self.name, 14.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150)},
+                               "docs/reproduction.md")
 
     def run(self, config: FewShotConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
@@ -739,6 +756,11 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
     paper_reference = "figure 8, appendix C.6"
     config_class = RolloutsConfig
 
+    def estimate_wall_time(self, config: RolloutsConfig, seeds: int) -> WallTimeEstimate:
+        # docs/reproduction.md: 12 s wall for 10 seeds, 150 rounds
+        return linear_estimate(self.name, 12.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150)},
+                               "docs/reproduction.md")
+
     def run(self, config: RolloutsConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
             return self._run(config, seeds, device, progress)
@@ -820,6 +842,12 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
             "radius": float(heldout[0].goal_radius),
             "m_adapt": counts[-1],
         }
+        # the table's success rates of the drawn seed, so that each panel also shows the evaluation count
+        evaluated = [r for r in output.records if "drawn" not in r and r["seed"] == 0]
+        if "eval_trajectories" in output.settings and len(evaluated) == len(counts) * len(goals):
+            rate = {(r["m_adapt"], r["goal"]): r["success"] for r in evaluated}
+            info["eval_success"] = [[rate[m, j] for j in goals] for m in counts]
+            info["eval_trajectories"] = output.settings["eval_trajectories"]
         path = out_dir / "rollouts.png"
         draw_arc_rollouts(info, path)
         return [path]
@@ -828,8 +856,16 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
 def draw_arc_rollouts(drawn: dict[str, Any], path: Path, titles: Sequence[str] | None = None) -> Path:
     """Draw held-out rollouts before (top row) and after adaptation (bottom row), one column per goal.
 
+    Each panel's title counts the drawn rollouts that reach the goal region (``k of n drawn``)
+    and, when ``drawn`` has ``eval_success``, the success rate over the evaluation rollouts of the
+    printed table, so that the panel and the table are not read as the same count.
+
     :param drawn: ``positions`` ``[2, goals, n, T, 2]``, ``success`` ``[2, goals, n]``, ``goals``,
-        ``train_goals``, ``radius`` and ``m_adapt``
+        ``train_goals``, ``radius`` and ``m_adapt``; optionally ``eval_success`` ``[2, goals]``
+        (success rates) with ``eval_trajectories`` (the rollouts they are counted over)
+    :param path: the PNG to write
+    :param titles: the two rows' titles (default: zero-shot, after one PG step of ``m_adapt`` traj.)
+    :return: ``path``
     """
     import matplotlib
 
@@ -839,10 +875,12 @@ def draw_arc_rollouts(drawn: dict[str, Any], path: Path, titles: Sequence[str] |
 
     pos = torch.tensor(drawn["positions"])
     success = torch.tensor(drawn["success"])
-    n_phase, n_goals = pos.shape[0], pos.shape[1]
-    fig, axes = plt.subplots(n_phase, n_goals, figsize=(3.0 * n_goals, 3.0 * n_phase), squeeze=False)
+    n_phase, n_goals, n_drawn = pos.shape[0], pos.shape[1], pos.shape[2]
+    eval_success = drawn.get("eval_success")
+    fig, axes = plt.subplots(n_phase, n_goals, figsize=(3.2 * n_goals, 3.3 * n_phase), squeeze=False)
     arc = torch.linspace(-0.5, 0.5, 100)
     titles = titles or ["zero-shot (meta-init)", f"after one PG step of {drawn['m_adapt']} traj."]
+    ticks = [-1.0, -0.5, 0.0, 0.5, 1.0]
     for p in range(n_phase):
         for j in range(n_goals):
             ax = axes[p][j]
@@ -850,7 +888,7 @@ def draw_arc_rollouts(drawn: dict[str, Any], path: Path, titles: Sequence[str] |
             for g in drawn["train_goals"]:
                 ax.scatter(g[0], g[1], s=30, marker="+", color="0.35", zorder=2)
             ax.add_patch(Circle(drawn["goals"][j], drawn["radius"], color="tab:green", alpha=0.35, zorder=1))
-            for k in range(pos.shape[2]):
+            for k in range(n_drawn):
                 xy = pos[p, j, k]
                 color = "tab:blue" if bool(success[p, j, k]) else "tab:red"
                 ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1.0, alpha=0.75)
@@ -859,10 +897,18 @@ def draw_arc_rollouts(drawn: dict[str, Any], path: Path, titles: Sequence[str] |
             ax.set_xlim(-1.02, 1.02)
             ax.set_ylim(-1.02, 1.02)
             ax.set_aspect("equal")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            rate = float(success[p, j].float().mean())
-            ax.set_title(f"held-out goal {j}: {titles[p]}\n{rate:.0%} reach the goal", fontsize=8)
+            # the arena's own coordinates: the box [-1, 1]² in which positions live
+            ax.set_xticks(ticks)
+            ax.set_yticks(ticks)
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("x (arena units)", fontsize=7)
+            ax.set_ylabel("y (arena units)", fontsize=7)
+            ax.grid(alpha=0.15)
+            reached = int(success[p, j].sum())
+            count = f"{reached} of {n_drawn} drawn rollouts reach the goal"
+            if eval_success is not None:
+                count += f"\n{float(eval_success[p][j]):.0%} of {drawn['eval_trajectories']} evaluation rollouts"
+            ax.set_title(f"held-out goal {j}: {titles[p]}\n{count}", fontsize=7)
     fig.text(0.5, 0.005, "• start, × last position; blue: reaches the goal region, red: does not; "
              "+: training goals; green disc: the held-out goal region", ha="center", fontsize=7)
     fig.tight_layout(rect=(0, 0.03, 1, 1))

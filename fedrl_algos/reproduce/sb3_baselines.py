@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.type_aliases import MaybeCallback
 
 from fedrl_algos.fedavg_sb3 import FedAvgSB3
 from fedrl_envs.core import check_int
 
-__all__ = ["SB3_BASELINE_DEFAULTS", "run_fed_baseline"]
+__all__ = ["SB3_BASELINE_DEFAULTS", "run_fed_baseline", "StepsProgressCallback"]
 
 
 def _sb3_class(name: str) -> type[BaseAlgorithm]:
@@ -92,6 +93,7 @@ def run_fed_baseline(
     progress_bar: bool = False,
     agent_kwargs: Sequence[Mapping[str, Any]] | None = None,
     policy: str = "MlpPolicy",
+    callback: MaybeCallback = None,
 ) -> list[dict[str, Any]]:
     """Train one federated SB3 baseline and return evaluation records (for ``fedrl reproduce mfpo``).
 
@@ -114,6 +116,8 @@ def run_fed_baseline(
     :param agent_kwargs: the agents' ``gym.make`` keyword arguments (any Gymnasium id; then
         ``n_agents`` is their number)
     :param policy: the SB3 policy name (``"CnnPolicy"`` for image observations)
+    :param callback: more SB3 callbacks for :meth:`FedAvgSB3.learn`, after the evaluation's (e.g. a
+        :class:`StepsProgressCallback`)
     :return: one dict per evaluation: ``method``, ``env_id``, ``seed``, ``n_agents``, ``round``,
         ``env_steps`` (over all agents), ``env_steps_per_agent``, ``eval_return`` (mean over
         agents), ``eval_return_std`` (spread over agents), ``eval_return_per_agent`` (list),
@@ -170,8 +174,36 @@ def run_fed_baseline(
                     self.next_eval += eval_every  # type: ignore[operator]
             return True
 
-    model.learn(total_steps, callback=_Evaluate(), progress_bar=progress_bar)
+    extra = [] if callback is None else list(callback) if isinstance(callback, list) else [callback]
+    model.learn(total_steps, callback=[_Evaluate(), *extra], progress_bar=progress_bar)
     if not records or records[-1]["env_steps"] != model.num_timesteps:
         record()
     model.close()
     return records
+
+
+class StepsProgressCallback(BaseCallback):
+    """Advances a tqdm bar by the environment steps per agent of every round of a :class:`FedAvgSB3`
+    (whose callbacks' ``on_step`` runs once per round), so that one bar with an ETA can span
+    several runs, e.g. all seeds of ``fedrl reproduce mfpo``'s Fed-DQN.
+
+    :param bar: a ``tqdm`` bar whose total counts environment steps per agent
+    :param n_agents: the federation's agents
+    """
+
+    def __init__(self, bar: Any, n_agents: int) -> None:
+        super().__init__()
+        self.bar = bar
+        self.n_agents = check_int("n_agents", n_agents, low=1)
+        self._last = 0
+
+    def _on_training_start(self) -> None:
+        self._last = self.model.num_timesteps
+
+    def _on_step(self) -> bool:
+        now = self.model.num_timesteps
+        # whole rounds may overshoot the run's budget: the bar stops at its total
+        left = self.bar.total - self.bar.n if self.bar.total is not None else float("inf")
+        self.bar.update(min((now - self._last) / self.n_agents, left))
+        self._last = now
+        return True
