@@ -266,7 +266,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         uniform = self.federation.server_streams.uniform((2,), dtype=torch.float64)
         new_theta, info = self.update.round(
             theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
-            self.optimizer_state,
+            self.optimizer_state, self._reject_updates,
         )
         self._store_server_state(info["optimizer_state"])
         self.policy.theta.data.copy_(new_theta[0])
