@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrl_algos._cli_args import positive_float, positive_int
+from fedrl_algos.core.attacks import ATTACKS
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 
 __all__ = ["register", "cmd_reproduce", "DEFAULT_SEEDS", "QUICK_SEEDS"]
@@ -24,7 +25,18 @@ QUICK_SEEDS = 2
 def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
     """The flags that set a config field, by flag: ``(field, value)``, ``value`` ``None`` when not given."""
     return {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
-            "--no-sweeps": ("sweeps", False if args.no_sweeps else None)}
+            "--no-sweeps": ("sweeps", False if args.no_sweeps else None), "--attacks": ("attacks", args.attacks)}
+
+
+def _attack_list(text: str) -> tuple[str, ...]:
+    """``--attacks``: ``"all"`` or comma-separated names of :data:`fedrl_algos.core.attacks.ATTACKS`."""
+    if text == "all":
+        return ("none", *sorted(a for a in ATTACKS if a != "none"))
+    names = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in names if a not in ATTACKS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"attacks must be 'all' or comma-separated names of {sorted(ATTACKS)}, got {text!r}")
+    return names
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -93,5 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sb3-budget", type=positive_float, default=None, metavar="STEPS",
                         help="steps per agent of mfpo's Fed-DQN / Fed-SAC (default: --budget)")
     parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
+    parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
+                        help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
+                        "(default none,random_noise,sign_flip)")
     parser.set_defaults(func=cmd_reproduce)
 
