@@ -30,7 +30,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
-from fedrl_envs.core import alive_mask, check_device, check_int, check_seed
+from fedrl_envs.core import MAX_ENVS, alive_mask, check_device, check_int, check_seed
 from fedrl_envs.rng import seed_from_entropy
 
 if TYPE_CHECKING:
@@ -123,9 +123,19 @@ def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[
     return [dict(kw) for kw in agent_kwargs]
 
 
+def _check_env_kwargs(env_kwargs: Any) -> dict[str, Any]:
+    if env_kwargs is None:
+        return {}
+    if not isinstance(env_kwargs, Mapping) or not all(isinstance(k, str) for k in env_kwargs):
+        raise TypeError(f"env_kwargs must be a dict of gym.make keyword arguments (str keys), got {env_kwargs!r}")
+    return dict(env_kwargs)
+
+
 def _check_stream_ids(stream_ids: Any, n_agents: int) -> list[int]:
     if stream_ids is None:
         return list(range(n_agents))
+    if isinstance(stream_ids, str | bytes | Mapping) or not isinstance(stream_ids, Sequence | np.ndarray | torch.Tensor):
+        raise TypeError(f"stream_ids must be a list with one int per agent, got {type(stream_ids).__name__}")
     ids = [check_int(f"stream_ids[{k}]", s, 0) for k, s in enumerate(stream_ids)]
     if len(ids) != n_agents:
         raise ValueError(f"stream_ids must have one entry per agent ({n_agents}), got {len(ids)}")
@@ -175,7 +185,7 @@ class FederatedVecEnv(VectorEnv, ABC):
     :class:`GenericFederatedVecEnv` for any other Gymnasium id; both are instances of this class.
 
     :param env_id: a fedrl family id (``"fedrl/GridWorld-v0"``) or any registered Gymnasium id
-    :param n_envs: environments per agent (>= 1)
+    :param n_envs: environments per agent (1 to ``MAX_ENVS`` = 2**24)
     :param agents: fedrl families only: task indices into the family's training tasks, one per
         agent (``None``: all training tasks, e.g. the paper's 8 gridworld goals)
     :param agent_kwargs: one dict of ``gym.make`` keyword arguments per agent (any task, e.g. a
@@ -235,13 +245,13 @@ class FederatedVecEnv(VectorEnv, ABC):
         self._frozen_obs: torch.Tensor | None = None
         self._build(
             _Arguments(
-                n_envs=check_int("n_envs", n_envs, 1),
+                n_envs=check_int("n_envs", n_envs, 1, MAX_ENVS),
                 agents=agents,
                 agent_kwargs=agent_kwargs,
                 device=check_device(device),
                 seed=check_seed(seed),
                 autoreset=autoreset,
-                env_kwargs=dict(env_kwargs or {}),
+                env_kwargs=_check_env_kwargs(env_kwargs),
                 stream_ids=stream_ids,
                 vectorization_mode=vectorization_mode,
             )
@@ -631,6 +641,10 @@ class GenericFederatedVecEnv(FederatedVecEnv):
     def _as_action_array(self, actions: Any) -> np.ndarray:
         space = self.single_action_space
         if isinstance(actions, torch.Tensor):
+            if actions.device.type == "meta":  # no data to copy (torch would raise NotImplementedError)
+                raise ValueError("actions must hold data: got a tensor on the meta device")
+            if actions.dtype == torch.bfloat16:  # NumPy has no bfloat16
+                actions = actions.float()
             arr = actions.detach().cpu().numpy()
         else:
             arr = np.asarray(actions)
@@ -658,7 +672,7 @@ class GenericFederatedVecEnv(FederatedVecEnv):
             # the torque), as for the native families (TaskFamily.validate_action).
             arr = arr.astype(space.dtype, copy=False)
             if not np.all(np.isfinite(arr)):
-                raise ValueError(f"actions must be finite for {space}, got {int(np.sum(~np.isfinite(arr)))} non-finite values")
+                raise ValueError(f"actions must be finite in {space.dtype} for {space}, got {int(np.sum(~np.isfinite(arr)))} non-finite values")
             return arr
         for row, a in enumerate(arr):
             if not space.contains(a):

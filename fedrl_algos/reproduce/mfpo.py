@@ -779,6 +779,8 @@ class ByzantineConfig:
     """the agents that attack"""
     methods: MethodConfig = field(default_factory=_byzantine_methods)
     """the two methods' hyperparameters (Adam servers, FedAvg-PG with K = 1, D = 16)"""
+    algorithms: tuple[str, ...] = ("FedPG-BR", "FedAvg-PG")
+    """the methods to run (``("FedPG-BR",)``: the filter's resilience alone, at half the cost)"""
 
     def __post_init__(self) -> None:
         _check_env(self.env)
@@ -789,6 +791,8 @@ class ByzantineConfig:
             raise ValueError(f"attacks must be names of {sorted(ATTACKS)}, got {unknown}")
         if any(not 0 <= i < self.n_agents for i in self.byzantine_agents):
             raise ValueError(f"byzantine_agents must be agents 0..{self.n_agents - 1}, got {self.byzantine_agents!r}")
+        if not self.algorithms or any(a not in ("FedPG-BR", "FedAvg-PG") for a in self.algorithms):
+            raise ValueError(f"algorithms must be a non-empty tuple of 'FedPG-BR' and 'FedAvg-PG', got {self.algorithms!r}")
 
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds of 4 trajectories; ``env`` is kept."""
@@ -814,7 +818,7 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
         records: list[dict[str, Any]] = []
         filter_stats: dict[str, dict[str, float]] = {}
         wall: dict[str, float] = {}
-        for method in ("FedPG-BR", "FedAvg-PG"):
+        for method in config.algorithms:
             for attack in config.attacks:
                 byz = () if attack == "none" else config.byzantine_agents
                 pop = Population(env, seed_list, n, cfg, device)
@@ -828,7 +832,7 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
                 records += _records(points, seed_list, experiment=self.name, part="byzantine", env=env, method=method, attack=attack,
                                     n_byzantine=len(byz), n_agents=n)
         table = []
-        for method in ("FedPG-BR", "FedAvg-PG"):
+        for method in config.algorithms:
             clean, _ = _mean_std(_final(records, method=method, attack="none"))
             for attack in config.attacks:
                 mean, std = _mean_std(_final(records, method=method, attack=attack))
@@ -860,8 +864,10 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-        for ax, method in zip(axes, ("FedPG-BR", "FedAvg-PG")):
+        methods = [m for m in ("FedPG-BR", "FedAvg-PG") if any(r["method"] == m for r in output.records)] or ["FedPG-BR"]
+        fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 3.8), sharey=True, squeeze=False)
+        axes = axes[0]
+        for ax, method in zip(axes, methods, strict=True):
             rows = [r for r in output.records if r["method"] == method]
             _plot_curves(ax, rows, "step", "attack", lambda a: "no attack" if a == "none" else f"3 Byzantine: {a}")
             ax.set_title(method)
