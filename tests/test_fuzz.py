@@ -19,17 +19,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-import fedrl_envs  # noqa: E402
-from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG  # noqa: E402
-from fedrl_envs import FamilyVectorEnv  # noqa: E402
-from wrappers import FederatedVecEnv  # noqa: E402
+import fedrl_envs
+from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
+from fedrl_envs import FamilyVectorEnv
+from wrappers import FederatedVecEnv
 
 FAMILY_IDS = sorted(fedrl_envs.FAMILIES)
+
+
 FUZZ = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
 #: anything a user might pass: numbers of every kind, NaN and inf, strings, containers, None
