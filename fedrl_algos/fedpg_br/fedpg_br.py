@@ -65,7 +65,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         (server trajectory j runs agent ``j mod n``'s task, so the inner loop estimates the
         gradient of the agents' average objective)
     :param attack: what Byzantine agents do: an :class:`~fedrl_algos.core.attacks.Attack` or its name
-        (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``)
+        (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``,
+        ``random_reward``, ``fedscspg``, ``huge_spread``, ``tiny_spread``: see :data:`~fedrl_algos.core.attacks.ATTACKS`)
     :param byzantine_agents: indices of the Byzantine agents
     :param gamma: discount γ
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
