@@ -649,8 +649,9 @@ class GenericFederatedVecEnv(FederatedVecEnv):
         else:
             arr = np.asarray(actions)
         expected = (self.num_envs, *(space.shape or ()))
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-            raise TypeError(f"actions must be a numeric array or tensor, got dtype {arr.dtype}")
+        # Complex numbers are numbers to NumPy, but casting them to a Box's dtype drops the imaginary part.
+        if arr.dtype == object or arr.dtype.kind == "c" or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+            raise TypeError(f"actions must be a real numeric array or tensor, got dtype {arr.dtype}")
         if arr.shape != expected:
             raise ValueError(f"actions must have shape {expected} (num_envs, *action_shape), got {arr.shape}")
         if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
