@@ -19,3 +19,14 @@ def _sb3_logs_under_pytest_tmp(tmp_path_factory: pytest.TempPathFactory):
     mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3_logs")))
     yield
     mp.undo()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin has made its factory
+def pytest_configure(config: pytest.Config) -> None:
+    """Hypothesis (tests/test_fuzz.py) caches what it learns about the code under ``./.hypothesis``
+    from collection on: keep that in pytest's temporary tree too, so that a run leaves nothing behind."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is not None:
+        set_hypothesis_home_dir(factory.mktemp("hypothesis"))

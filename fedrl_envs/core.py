@@ -43,6 +43,11 @@ __all__ = [
 P = TypeVar("P")
 
 
+#: the most environments per agent of a vector env: beyond it a batch's indices and states no
+#: longer fit memory (an unbounded n_envs overflowed int64 inside torch, or exhausted memory)
+MAX_ENVS = 2**24
+
+
 def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
     """``value`` as an ``int`` in ``[low, high]``; ``TypeError``/``ValueError`` naming ``name`` otherwise.
 
@@ -178,6 +183,20 @@ def params_to(params: P, device: torch.device | str) -> P:
     """Move every tensor field to ``device``."""
     changes = {n: getattr(params, n).to(device) for n in _tensor_fields(params)}
     return dataclasses.replace(params, **changes)
+
+
+def _signed_actions(action: torch.Tensor, name: str) -> torch.Tensor:
+    """Unsigned actions wider than a byte as int64 (torch cannot compare uint16/32/64 tensors on CPU).
+
+    :raise ValueError: for a value above the int64 range, naming ``name``
+    """
+    if action.dtype not in (torch.uint16, torch.uint32, torch.uint64):
+        return action
+    if action.dtype == torch.uint64 and action.numel():  # the one that can exceed int64 (compared in NumPy: torch cannot)
+        top = int(action.cpu().numpy().max())
+        if top > torch.iinfo(torch.int64).max:
+            raise ValueError(f"{name} must fit in int64, got {top}")
+    return action.to(torch.int64)
 
 
 def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Tensor:
@@ -381,12 +400,15 @@ class FamilyEnv(gym.Env, Generic[P]):
     def _action_tensor(self, action: Any) -> torch.Tensor:
         """One action as a batch-of-one tensor, validated by the family (never clipped or wrapped)."""
         if isinstance(action, torch.Tensor):
+            if action.device.type == "meta":  # no data to copy (torch would raise NotImplementedError)
+                raise ValueError("action must hold data: got a tensor on the meta device")
             action_t = action.detach().cpu()
         else:
             arr = np.asarray(action)
             if arr.dtype.kind not in "biuf":
                 raise TypeError(f"action must be a number or numeric array, got {type(action).__name__}")
             action_t = torch.as_tensor(arr)
+        action_t = _signed_actions(action_t, "action")
         if tuple(action_t.shape) != tuple(self.action_space.shape):
             raise ValueError(
                 f"action must have shape {tuple(self.action_space.shape)} (one action of {self.action_space}), "
@@ -432,7 +454,7 @@ class FamilyVectorEnv(VectorEnv):
 
     :param family: the task family
     :param tasks: per-agent task parameters: a list, stacked parameters, or one task's parameters
-    :param n_envs: environments per agent (>= 1)
+    :param n_envs: environments per agent (1 to ``MAX_ENVS`` = 2**24)
     :param device: torch device of the whole batch
     :param seed: seed of the agents' random streams (drawn at random when ``None``); agent ``i``'s
         stream is keyed by ``(seed, i)``, so the single env seeded alike draws agent 0's
@@ -456,7 +478,7 @@ class FamilyVectorEnv(VectorEnv):
         autoreset: bool = True,
         array_type: str = "torch",
     ) -> None:
-        n_envs = check_int("n_envs", n_envs, 1)
+        n_envs = check_int("n_envs", n_envs, 1, MAX_ENVS)
         seed = check_seed(seed)
         self.array_type = check_array_type(array_type)
         self.family = family
@@ -580,12 +602,15 @@ class FamilyVectorEnv(VectorEnv):
 
     def _as_action_tensor(self, actions: Any) -> torch.Tensor:
         if isinstance(actions, torch.Tensor):
+            if actions.device.type == "meta":  # no data to copy (torch would raise NotImplementedError)
+                raise ValueError("actions must hold data: got a tensor on the meta device")
             action_t = actions.to(self.device)
         else:
             arr = np.asarray(actions)
             if arr.dtype.kind not in "biuf":
                 raise TypeError(f"actions must be a numeric array or tensor, got {type(actions).__name__} of dtype {arr.dtype}")
             action_t = torch.as_tensor(arr, device=self.device)
+        action_t = _signed_actions(action_t, "actions")
         expected = (self.num_envs, *self.single_action_space.shape)
         if tuple(action_t.shape) != expected:
             raise ValueError(f"actions must have shape {expected} (num_envs, *action_shape), got {tuple(action_t.shape)}")

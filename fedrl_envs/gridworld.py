@@ -25,6 +25,10 @@ def _moves_table(device: torch.device) -> torch.Tensor:
     return torch.tensor(_MOVES, dtype=torch.int64, device=device)
 
 
+#: the largest grid side (the step table holds 4·size² int64 entries)
+MAX_SIZE = 1024
+
+
 def _move(state: torch.Tensor, action: torch.Tensor, size: int) -> torch.Tensor:
     """The move rule: cell ``(x, y)`` plus the action's move, clipped to the grid (walls keep the agent)."""
     moves = _moves_table(state.device)[action.long()]
@@ -147,7 +151,9 @@ class GridWorldFamily(TaskFamily[GridWorldParams]):
         horizon: int = 15,
     ) -> GridWorldParams:
         """Validated parameters; ``agent`` picks one of the 8 paper goals, ``goal`` any cell."""
-        size = check_int("size", size, 2)
+        # Bounded: a step gathers from a table of 4·size² cells (size 1024: 4M entries, 32 MiB); an
+        # unbounded size let gym.make(size=10**6) try to allocate terabytes.
+        size = check_int("size", size, 2, MAX_SIZE)
         horizon = check_int("horizon", horizon, 1)
         goals = gridworld_goals(size)
         if agent is not None and goal is not None:
@@ -226,7 +232,7 @@ class GridWorldEnv(FamilyEnv[GridWorldParams]):
       (4,2), (2,4) for size 5: corners, then edge midpoints, the same pattern for other sizes);
       default 0.
     * ``goal``: any goal cell ``(x, y)`` instead of ``agent``.
-    * ``size``: grid side length (>= 2), default 5. ``horizon``: H (>= 1), default 15.
+    * ``size``: grid side length (2 to 1024), default 5. ``horizon``: H (>= 1), default 15.
     * ``render_mode``: ``"ansi"`` (a text grid: ``A`` agent, ``G`` goal) or ``"rgb_array"`` (a
       ``uint8`` image of 16 × 16 pixels per cell: goal green, agent blue).
 

@@ -31,7 +31,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
-from fedrl_envs.core import _reset_mask, alive_mask, check_array_type, check_device, check_int, check_seed
+from fedrl_envs.core import MAX_ENVS, _reset_mask, alive_mask, check_array_type, check_device, check_int, check_seed
 from fedrl_envs.rng import seed_from_entropy
 
 if TYPE_CHECKING:
@@ -128,9 +128,19 @@ def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[
     return [dict(kw) for kw in agent_kwargs]
 
 
+def _check_env_kwargs(env_kwargs: Any) -> dict[str, Any]:
+    if env_kwargs is None:
+        return {}
+    if not isinstance(env_kwargs, Mapping) or not all(isinstance(k, str) for k in env_kwargs):
+        raise TypeError(f"env_kwargs must be a dict of gym.make keyword arguments (str keys), got {env_kwargs!r}")
+    return dict(env_kwargs)
+
+
 def _check_stream_ids(stream_ids: Any, n_agents: int) -> list[int]:
     if stream_ids is None:
         return list(range(n_agents))
+    if isinstance(stream_ids, str | bytes | Mapping) or not isinstance(stream_ids, Sequence | np.ndarray | torch.Tensor):
+        raise TypeError(f"stream_ids must be a list with one int per agent, got {type(stream_ids).__name__}")
     ids = [check_int(f"stream_ids[{k}]", s, 0) for k, s in enumerate(stream_ids)]
     if len(ids) != n_agents:
         raise ValueError(f"stream_ids must have one entry per agent ({n_agents}), got {len(ids)}")
@@ -187,7 +197,7 @@ class FederatedVecEnv(VectorEnv, ABC):
     :class:`GenericFederatedVecEnv` for any other Gymnasium id; both are instances of this class.
 
     :param env_id: a fedrl family id (``"fedrl/GridWorld-v0"``) or any registered Gymnasium id
-    :param n_envs: environments per agent (>= 1)
+    :param n_envs: environments per agent (1 to ``MAX_ENVS`` = 2**24)
     :param agents: fedrl families only: task indices into the family's training tasks, one per
         agent (``None``: all training tasks, e.g. the paper's 8 gridworld goals)
     :param agent_kwargs: one dict of ``gym.make`` keyword arguments per agent (any task, e.g. a
@@ -253,13 +263,13 @@ class FederatedVecEnv(VectorEnv, ABC):
         self._frozen_obs: torch.Tensor | None = None
         self._build(
             _Arguments(
-                n_envs=check_int("n_envs", n_envs, 1),
+                n_envs=check_int("n_envs", n_envs, 1, MAX_ENVS),
                 agents=agents,
                 agent_kwargs=agent_kwargs,
                 device=check_device(device),
                 seed=check_seed(seed),
                 autoreset=autoreset,
-                env_kwargs=dict(env_kwargs or {}),
+                env_kwargs=_check_env_kwargs(env_kwargs),
                 stream_ids=stream_ids,
                 vectorization_mode=vectorization_mode,
                 array_type=check_array_type(array_type),
@@ -699,12 +709,17 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
     def _as_action_array(self, actions: Any) -> np.ndarray:
         space = self.single_action_space
         if isinstance(actions, torch.Tensor):
+            if actions.device.type == "meta":  # no data to copy (torch would raise NotImplementedError)
+                raise ValueError("actions must hold data: got a tensor on the meta device")
+            if actions.dtype == torch.bfloat16:  # NumPy has no bfloat16
+                actions = actions.float()
             arr = actions.detach().cpu().numpy()
         else:
             arr = np.asarray(actions)
         expected = (self.num_envs, *(space.shape or ()))
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-            raise TypeError(f"actions must be a numeric array or tensor, got dtype {arr.dtype}")
+        # Complex numbers are numbers to NumPy, but casting them to a Box's dtype drops the imaginary part.
+        if arr.dtype == object or arr.dtype.kind == "c" or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+            raise TypeError(f"actions must be a real numeric array or tensor, got dtype {arr.dtype}")
         if arr.shape != expected:
             raise ValueError(f"actions must have shape {expected} (num_envs, *action_shape), got {arr.shape}")
         if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
@@ -726,7 +741,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             # the torque), as for the native families (TaskFamily.validate_action).
             arr = arr.astype(space.dtype, copy=False)
             if not np.all(np.isfinite(arr)):
-                raise ValueError(f"actions must be finite for {space}, got {int(np.sum(~np.isfinite(arr)))} non-finite values")
+                raise ValueError(f"actions must be finite in {space.dtype} for {space}, got {int(np.sum(~np.isfinite(arr)))} non-finite values")
             return arr
         for row, a in enumerate(arr):
             if not space.contains(a):

@@ -9,6 +9,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
 
 from fedrl_algos import FedAvgPG, IndependentPG, PerFedAvgPG
 from fedrl_algos.core import PolicyGradient, policy_gradient, rollout
+from fedrl_algos.core.aggregation import RejectedUpdateWarning
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
@@ -332,10 +333,17 @@ def test_neural_model_logs_monte_carlo_returns_by_default(tmp_path):
 
 def test_learn_stops_on_non_finite_parameters():
     """A round that makes the parameters NaN or infinite stops learn with an error naming the round."""
-    model = _grid_model(FedAvgPG, step_size=float("inf"), local_steps=1, n_trajectories=4)
+    # The server's own step overflows (the agents' updates are finite, so validation lets them through).
+    model = _grid_model(FedAvgPG, local_steps=1, n_trajectories=4, server_optimizer="adam", server_step_size=float("inf"))
     with pytest.raises(FloatingPointError, match=r"FedAvgPG: round 1 produced \d+ non-finite parameters"):
         model.learn(total_rounds=3)
     assert model.rounds_done == 0  # the failed round is not counted
+    # Non-finite local updates never reach the server: they are rejected and the round is skipped.
+    model = _grid_model(FedAvgPG, step_size=float("inf"), local_steps=1, n_trajectories=4)
+    before = model.theta
+    with pytest.warns(RejectedUpdateWarning, match="round 1: rejected 8 update"):
+        model.learn(total_rounds=1)
+    assert torch.equal(model.theta, before) and model.rounds_done == 1
     independent = _grid_model(IndependentPG, step_size=float("inf"), n_trajectories=4)
     with pytest.raises(FloatingPointError, match="IndependentPG: round 1"):
         independent.learn(total_rounds=1)

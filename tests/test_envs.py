@@ -874,7 +874,8 @@ BAD_TASK_KWARGS = [
     (GRID, {"agent": -1}, ValueError, r"agent must be in \[0, 7\], got -1"),
     (GRID, {"agent": True}, TypeError, "agent must be an int"),
     (GRID, {"agent": 1, "goal": (0, 0)}, ValueError, "either agent or goal"),
-    (GRID, {"size": 1}, ValueError, r"size must be >= 2, got 1"),
+    (GRID, {"size": 1}, ValueError, r"size must be in \[2, 1024\], got 1"),
+    (GRID, {"size": 10**6}, ValueError, r"size must be in \[2, 1024\], got 1000000"),
     (GRID, {"size": 0}, ValueError, "size must be"),
     (GRID, {"size": 5.0}, TypeError, "size must be an int"),
     (GRID, {"horizon": 0}, ValueError, r"horizon must be >= 1, got 0"),
@@ -955,7 +956,8 @@ def test_invalid_actions_in_vector_env_leave_it_unchanged(actions, error, messag
 
 
 @pytest.mark.parametrize(("make", "error", "message"), [
-    (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=0), ValueError, r"n_envs must be >= 1, got 0"),
+    (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=0), ValueError, r"n_envs must be in \[1, 16777216\], got 0"),
+    (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=2**70), ValueError, r"n_envs must be in \[1, 16777216\]"),
     (lambda: FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks, n_envs=2.0), TypeError, "n_envs must be an int"),
     (lambda: FamilyVectorEnv(GRIDWORLD, [], n_envs=1), ValueError, "tasks must be a non-empty"),
     (lambda: FamilyVectorEnv(GRIDWORLD, [GRIDWORLD.make_params(size=4), GRIDWORLD.make_params()]), ValueError, "'size' must be equal"),

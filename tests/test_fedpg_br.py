@@ -153,7 +153,8 @@ def test_random_action_on_a_box_action_space():
 
 
 def test_make_attack_and_registry():
-    assert set(ATTACKS) == {"none", "random_noise", "sign_flip", "zero_gradient", "random_action", "reward_flip"}
+    assert set(ATTACKS) == {"none", "random_noise", "sign_flip", "zero_gradient", "random_action", "reward_flip",
+                            "random_reward", "fedscspg", "huge_spread", "tiny_spread"}
     assert isinstance(make_attack(None), NoAttack) and isinstance(make_attack("sign_flip"), SignFlip)
     attack = RandomNoise(scale=1.0)
     assert make_attack(attack) is attack

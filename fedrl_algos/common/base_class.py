@@ -27,6 +27,7 @@ from stable_baselines3.common.utils import get_device, get_system_info
 from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
+from fedrl_algos.core.aggregation import UpdateCheck, warn_rejected
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.federation import Federation, adapt_with_sampler, combine_seed
@@ -301,6 +302,15 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 "(NaN or inf); training stopped. Smaller step sizes, or normalized rewards or observations, usually help."
             )
 
+    def _reject_updates(self, check: UpdateCheck) -> None:
+        """The server rejected agents' updates this round (the update calls it; see
+        :func:`~fedrl_algos.core.aggregation.aggregate_valid`): warn naming the round and the
+        reasons, and keep the counts for the logger (``server/rejected_updates``, ``server/skipped_round``)."""
+        # Plain ints (saved with the model like any attribute): updates rejected, and whether every run skipped.
+        self._round_rejected = self.__dict__.get("_round_rejected", 0) + check.n_rejected
+        self._round_skipped = int(bool(check.skipped.all()))
+        warn_rejected(check, f"{type(self).__name__}: round {self.rounds_done + 1}")
+
     @property
     def updates_per_round(self) -> int:
         """Parameter updates one round makes (SB3's ``n_updates``); local steps where there are any."""
@@ -337,6 +347,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         if not self.logger.output_formats:
             return  # nothing would show the metrics: spend no rollouts on them
         self.logger.record("train/round", self.rounds_done)
+        self.logger.record("server/rejected_updates", self.__dict__.get("_round_rejected", 0))
+        self.logger.record("server/skipped_round", self.__dict__.get("_round_skipped", 0))
         self.logger.record("train/trajectories_per_agent", self.trajectories_per_agent)
         for key, value in self.evaluate_round().items():
             self.logger.record(f"eval/{key}", value)
@@ -383,6 +395,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         rounds_this_call = 0
         while self.num_timesteps < total_timesteps:
             callback.on_rollout_start()
+            self._round_rejected, self._round_skipped = 0, 0  # counted by _reject_updates
             self._train_round()
             self._check_finite_parameters(self.rounds_done + 1)
             if self.obs_normalizer is not None:

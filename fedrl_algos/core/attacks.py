@@ -1,11 +1,14 @@
 """Byzantine attacks as small strategy objects (the failure models of FedPG-BR, Fan et al. 2021).
 
-An attack acts at up to three points of an agent's round, and only on the rows its boolean mask
+An attack acts at up to four points of an agent's round, and only on the rows its boolean mask
 ``byzantine`` marks (broadcast against the batch ``[*R, n]``); honest rows pass unchanged:
 
 * :meth:`Attack.policy` — the policy the agent *acts* with (random actions);
-* :meth:`Attack.trajectories` — the data the agent *learns* from (flipped rewards);
-* :meth:`Attack.gradient` — what the agent *reports* (noise, flipped sign, zeros).
+* :meth:`Attack.trajectories` — the data the agent *learns* from (flipped or shuffled rewards);
+* :meth:`Attack.gradient` — what the agent *reports* (noise, flipped sign, zeros, a colluding
+  filter-aware vector);
+* :meth:`Attack.spread` — the spread of its per-trajectory estimates it *reports* alongside
+  (FedPG-BR's ``sigma="auto"`` sets σ from these reports, so a liar can forge it).
 
 Every attack draws its random numbers from the streams it is handed (never from global RNG), and
 draws the same amount for every row, so honest agents' numbers never depend on who attacks.
@@ -32,6 +35,9 @@ __all__ = [
     "ZeroGradient",
     "RandomAction",
     "RewardFlip",
+    "RandomReward",
+    "FedScsPGAttack",
+    "ForgedSpread",
     "RandomActionPolicy",
     "AttackedEstimator",
     "make_attack",
@@ -64,13 +70,22 @@ class Attack:
         """The policy the agents act with."""
         return policy
 
-    def trajectories(self, traj: Trajectories, byzantine: torch.Tensor) -> Trajectories:
-        """The trajectories ``[*B, m, T, ...]`` the agents compute their gradients from."""
+    def trajectories(self, traj: Trajectories, byzantine: torch.Tensor, streams: RandomStreams | None = None) -> Trajectories:
+        """The trajectories ``[*B, m, T, ...]`` the agents compute their gradients from
+        (``streams``, batch shape ``B``: for attacks that draw random numbers here)."""
         return traj
 
     def gradient(self, grad: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
-        """The gradients ``[*B, d]`` the agents report (``streams`` has batch shape ``B``)."""
+        """The gradients ``[*B, d]`` the agents report (``streams`` has batch shape ``B``).
+
+        Where ``B`` has an agent axis it is the last one (``[*R, n]``), so that colluding attacks
+        (:class:`FedScsPGAttack`) can read the other Byzantine agents' gradients of the same run.
+        """
         return grad
+
+    def spread(self, spread: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        """The spreads ``[*B]`` the agents report with their gradients (FedPG-BR's ``sigma="auto"``)."""
+        return spread
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -173,14 +188,126 @@ class RewardFlip(Attack):
 
     name = "reward_flip"
 
-    def trajectories(self, traj: Trajectories, byzantine: torch.Tensor) -> Trajectories:
+    def trajectories(self, traj: Trajectories, byzantine: torch.Tensor, streams: RandomStreams | None = None) -> Trajectories:
         batch_dims = traj.rewards.dim() - 2
         return traj._replace(rewards=torch.where(_rows(byzantine, traj.rewards, batch_dims), -traj.rewards, traj.rewards))
 
 
+class RandomReward(Attack):
+    """Learn from each episode's rewards in a random order (the reference code's "random reward").
+
+    Every trajectory's rewards of its alive steps (a prefix of the time axis) are permuted
+    uniformly at random before the returns are computed, so the agent credits the wrong actions.
+    Rewards that are the same at every step (CartPole's +1) are left exactly as they were: there
+    the attack is honest by construction.
+    """
+
+    name = "random_reward"
+
+    def trajectories(self, traj: Trajectories, byzantine: torch.Tensor, streams: RandomStreams | None = None) -> Trajectories:
+        if streams is None:
+            raise ValueError("RandomReward needs random streams (the agents' attack streams) to shuffle rewards")
+        batch_dims = traj.rewards.dim() - 2
+        u = streams.uniform(tuple(traj.rewards.shape[batch_dims:]), dtype=torch.float64)  # [*B, m, T]
+        # Dead steps sort last (key 2 > any uniform), so the alive prefix is permuted among itself.
+        keys = torch.where(traj.mask > 0, u, torch.full_like(u, 2.0))
+        order = torch.argsort(keys, dim=-1, stable=True)
+        shuffled = torch.gather(traj.rewards, -1, order)
+        return traj._replace(rewards=torch.where(_rows(byzantine, traj.rewards, batch_dims), shuffled, traj.rewards))
+
+
+class FedScsPGAttack(Attack):
+    """The filter-aware colluding attack of FedPG-BR's experiments ("FedScsPG-attack").
+
+    The Byzantine agents of a run pool their honest gradients, estimate ``2σ`` as the largest
+    distance between two of them and their mean ``ḡ``, and all report the same vector
+    ``ḡ + (scale/2)·2σ̂·r`` with ``r`` a random unit direction (uniform in ``[−1, 1]^d``, then
+    normalized; one per run and round, shared by the colluders). Identical reports form their own
+    tight cluster, placed ``scale·σ̂`` away from the honest mean: outside a filter radius of a few
+    σ̂ only when ``scale`` is large enough. The agent axis must be the last batch axis.
+
+    :param scale: the offset in units of σ̂ (the reference code uses 3)
+    """
+
+    name = "fedscspg"
+
+    def __init__(self, scale: float = 3.0) -> None:
+        self.scale = float(scale)
+
+    def gradient(self, grad: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        mask = _rows(byzantine, grad, grad.dim() - 1)  # [*B, 1]
+        bad = mask.squeeze(-1)  # [*R, n]
+        w = bad.to(grad.dtype).unsqueeze(-1)
+        count = w.sum(-2, keepdim=True)
+        mean = (w * grad).sum(-2, keepdim=True) / count.clamp(min=1)  # [*R, 1, d]
+        masked = torch.where(mask, grad, mean)  # honest rows at the mean: never the largest distance
+        two_sigma = torch.cdist(masked, masked, compute_mode="donot_use_mm_for_euclid_dist").amax((-1, -2)).unsqueeze(-1).unsqueeze(-1)
+        u = 2 * streams.uniform((grad.shape[-1],), dtype=grad.dtype) - 1  # every row draws: honest streams stay aligned
+        first = torch.argmax(bad.to(torch.int8), dim=-1, keepdim=True).unsqueeze(-1).expand(*grad.shape[:-2], 1, grad.shape[-1])
+        direction = torch.gather(u, -2, first)  # the first colluder's draw, shared
+        direction = direction / direction.norm(dim=-1, keepdim=True).clamp(min=torch.finfo(grad.dtype).tiny)
+        forged = mean + direction * two_sigma * (self.scale / 2)
+        return torch.where(mask, forged.expand_as(grad), grad)
+
+
+class ForgedSpread(Attack):
+    """Another attack's gradient with a forged reported spread: ``factor ×`` the honest one.
+
+    FedPG-BR's ``sigma="auto"`` takes the ``(1 − α)``-quantile of the reported spreads: a huge
+    factor tries to widen the filter so that the attack's gradients pass; a tiny one to narrow
+    it so that honest agents are rejected (and the wider 2σ fallback decides).
+
+    :param factor: multiplier of the honest spread (> 0)
+    :param attack: the attack whose policy, trajectories and gradient the agent also applies
+    :param name: registry name
+    """
+
+    name = "forged_spread"
+
+    def __init__(self, factor: float = 1e3, attack: Attack | str | None = "sign_flip", name: str | None = None) -> None:
+        if isinstance(factor, bool) or not (isinstance(factor, int | float) and factor > 0):
+            raise ValueError(f"factor must be a number > 0, got {factor!r}")
+        self.factor = float(factor)
+        self.attack = make_attack(attack)
+        if name is not None:
+            self.name = name
+
+    def policy(self, policy: Any, byzantine: torch.Tensor) -> Any:
+        return self.attack.policy(policy, byzantine)
+
+    def trajectories(self, traj: Trajectories, byzantine: torch.Tensor, streams: RandomStreams | None = None) -> Trajectories:
+        return self.attack.trajectories(traj, byzantine, streams)
+
+    def gradient(self, grad: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        return self.attack.gradient(grad, byzantine, streams)
+
+    def spread(self, spread: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+        spread = self.attack.spread(spread, byzantine, streams)
+        return torch.where(_rows(byzantine, spread, spread.dim()), spread * self.factor, spread)
+
+
+class HugeSpread(ForgedSpread):
+    """Sign-flipped gradients (−2.5·g) reported with 1000× the honest spread."""
+
+    name = "huge_spread"
+
+    def __init__(self) -> None:
+        super().__init__(1e3, "sign_flip")
+
+
+class TinySpread(ForgedSpread):
+    """Sign-flipped gradients (−2.5·g) reported with 1/1000 of the honest spread."""
+
+    name = "tiny_spread"
+
+    def __init__(self) -> None:
+        super().__init__(1e-3, "sign_flip")
+
+
 #: every attack by name
 ATTACKS: dict[str, type[Attack]] = {
-    cls.name: cls for cls in (NoAttack, RandomNoise, SignFlip, ZeroGradient, RandomAction, RewardFlip)
+    cls.name: cls
+    for cls in (NoAttack, RandomNoise, SignFlip, ZeroGradient, RandomAction, RewardFlip, RandomReward, FedScsPGAttack, HugeSpread, TinySpread)
 }
 
 
@@ -226,10 +353,12 @@ class AttackedEstimator(GradientEstimator):
         mask_rows = byzantine.reshape(*batch, 1)  # broadcast over the trajectory axis too
         attacked = sampler.with_policy(self.attack.policy(sampler.policy, mask_rows))
 
-        def draw(th: torch.Tensor, m: int) -> Trajectories:
-            return self.attack.trajectories(attacked(th, m), byzantine)
-
-        grad = self.inner(draw, theta)
         if self._noise is None or tuple(self._noise.batch_shape) != tuple(batch):
             self._noise = attack_streams(sampler.streams)
-        return self.attack.gradient(grad, byzantine, self._noise)
+        noise = self._noise
+
+        def draw(th: torch.Tensor, m: int) -> Trajectories:
+            return self.attack.trajectories(attacked(th, m), byzantine, noise)
+
+        grad = self.inner(draw, theta)
+        return self.attack.gradient(grad, byzantine, noise)

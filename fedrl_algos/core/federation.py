@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fedrl_algos.core.aggregation import aggregate
+from fedrl_algos.core.aggregation import OnReject, aggregate_valid
 from fedrl_algos.core.directions import GradientEstimator, local_update
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.estimators import policy_gradient
@@ -181,20 +181,26 @@ class Federation:
         beta: float,
         tau: int,
         agents_per_round: int | None = None,
+        on_reject: OnReject | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One communication round (Algorithm 1): broadcast, ``τ`` local steps, average.
+
+        The server averages only valid local parameters (:func:`~fedrl_algos.core.aggregation.aggregate_valid`:
+        finite, of θ's shape and dtype); a run with none keeps θ.
 
         :param theta: server parameters ``[R, d]``
         :param estimator: each agent's local direction
         :param beta: local step size
         :param tau: local steps
         :param agents_per_round: agents sampled per run (``None``: all)
+        :param on_reject: called with the :class:`~fedrl_algos.core.aggregation.UpdateCheck` when
+            an update is rejected (default: a ``RejectedUpdateWarning``)
 
         :return: the new server parameters ``[R, d]`` and the participation mask used
         """
         mask = self.participation(agents_per_round)
         local = local_update(estimator, self.sampler, self.broadcast(theta), beta, tau)
-        return aggregate(local, mask), mask
+        return aggregate_valid(local, theta, mask, on_reject=on_reject)[0], mask
 
     def independent_steps(self, theta: torch.Tensor, estimator: GradientEstimator, beta: float, steps: int) -> torch.Tensor:
         """``steps`` local steps of every agent on its own parameters, no averaging.

@@ -213,7 +213,7 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         theta = self.policy.theta.detach().unsqueeze(0)
         new_theta, state, _ = fedavg_pg_round(
             self.federation, theta, self.estimator, self.step_size, self.local_step, self.local_steps,
-            self.agents_per_round, self.optimizer_state, self.server_step_size,
+            self.agents_per_round, self.optimizer_state, self.server_step_size, self._reject_updates,
         )
         self._store_server_state(state)
         self.local_step += self.local_steps

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from fedrl_algos.core.aggregation import aggregate
+from fedrl_algos.core.aggregation import OnReject, aggregate_valid
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.optim import AdamState, adam_ascent
@@ -33,6 +33,7 @@ def fedavg_pg_round(
     agents_per_round: int | None = None,
     server_state: AdamState | None = None,
     server_step_size: float = 1e-3,
+    on_reject: OnReject | None = None,
 ) -> tuple[torch.Tensor, AdamState | None, torch.Tensor | None]:
     """One FedAvg-PG round for every run, from server parameters ``theta [R, d]``.
 
@@ -52,6 +53,10 @@ def fedavg_pg_round(
     :param agents_per_round: agents sampled without replacement per run (``None``: all)
     :param server_state: Adam's state (``None``: plain averaging)
     :param server_step_size: Adam's step size
+    :param on_reject: called with the check of the agents' parameters when one is rejected (not
+        finite, wrong shape or dtype): the server aggregates the others; a run with none left
+        keeps θ and Adam's state (the round is skipped). Default: a
+        :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`
     :return: the new server parameters ``[R, d]``, Adam's new state (``None`` without Adam) and the
         participation mask ``[R, n]`` (``None``: every agent)
     """
@@ -61,7 +66,10 @@ def fedavg_pg_round(
     for t in range(step + 1, step + local_steps + 1):
         step_sum += step_size(t)
         local = local + step_size(t) * estimator(federation.sampler, local)
+    average, check = aggregate_valid(local, theta, mask, on_reject=on_reject)
     if server_state is None:
-        return aggregate(local, mask), None, mask
-    new_theta, new_state = adam_ascent(theta, (aggregate(local, mask) - theta) / step_sum, server_state, server_step_size)
+        return average, None, mask
+    # Runs without a valid update take no Adam step: θ and Adam's moments stay as they are.
+    active = None if check.all_valid else ~check.skipped
+    new_theta, new_state = adam_ascent(theta, (average - theta) / step_sum, server_state, server_step_size, active=active)
     return new_theta, new_state, mask

@@ -12,11 +12,15 @@ written here as ``θ̄ = Σ_i w_i θ_i / Σ_i w_i`` over the agents' selected te
   :func:`broadcast` is the server's initialization (one agent's tensors to all).
 
 Nothing is pickled or sent anywhere; replay buffers, rollout buffers and optimizer states are
-never touched. See ``docs/algorithms/fedavg_sb3.md``.
+never touched. Every agent's tensors are validated before they are averaged (same names, shapes and
+dtypes as at set-up, finite values: :func:`fedrl_algos.core.aggregation.validate_updates`); a
+rejected agent is left out of the average with a logged reason, and when no agent is left the
+round changes nothing. See ``docs/algorithms/fedavg_sb3.md``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +29,7 @@ import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
 
+from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates, warn_rejected
 from fedrl_algos.core.aggregation import aggregate as server_average
 
 #: A selector maps an SB3 model to the tensors of it that take part, by name.
@@ -199,26 +204,78 @@ class ParameterAverage:
         for i, d in enumerate(named[1:], start=1):
             if {k: tuple(v.shape) for k, v in d.items()} != ref:
                 raise ValueError(f"agent {i} has other tensors than agent 0 under {self.selector!r}")
+        self._structure = _structure(named[0])  # what __call__ validates the agents against
         return named
 
-    def __call__(self, models: Sequence[BaseAlgorithm]) -> dict[str, float]:
+    def __call__(self, models: Sequence[BaseAlgorithm], on_reject: OnReject | None = None) -> dict[str, float]:
+        """Average the valid agents' selected tensors and copy the average into every agent.
+
+        An agent whose selected tensors differ in names, shapes or dtypes from the structure
+        recorded by :meth:`select` (at set-up; without one, the most common structure) or hold a
+        non-finite value is rejected: left out of the average (a non-finite agent still receives
+        it; a structurally different one is left as it is). With no valid agent nothing changes.
+
+        :param models: the agents' SB3 models
+        :param on_reject: called with the :class:`~fedrl_algos.core.aggregation.UpdateCheck` when
+            an agent is rejected (default: a ``RejectedUpdateWarning``)
+        :return: ``dispersion``, ``n_averaged`` (numbers averaged), ``rejected_updates`` and
+            ``skipped_round`` (1 when no agent was valid)
+        """
         if len(models) == 0:
             raise ValueError("models must be a non-empty list of SB3 models")
         if self.weights is not None and len(self.weights) != len(models):
             raise ValueError(f"weights has {len(self.weights)} entries for {len(models)} agents")
-        named = self.select(models)
-        names = list(named[0])
+        named = [self.selector(m) for m in models]
+        structure = self.__dict__.get("_structure") or Counter(_structure(d) for d in named).most_common(1)[0][0]
+        names = [name for name, _, _ in structure]
+        if not names:
+            raise ValueError(f"the selector {self.selector!r} selects no tensor of {type(models[0]).__name__}")
+        fits = [_structure(d) == structure for d in named]
         with torch.no_grad():
-            flat = torch.stack([torch.cat([d[k].detach().reshape(-1) for k in names]) for d in named])  # [n, d]
-            weights = None if self.weights is None else self.weights.to(flat.device)
+            flats = [torch.cat([d[k].detach().reshape(-1) for k in names]) if ok else None for d, ok in zip(named, fits, strict=True)]
+            like = next((f for f in flats if f is not None), None)
+            reasons: list[str] = [f"agent {i}: selected tensors {_describe(_structure(d))} differ from {_describe(structure)}"
+                                  for i, (d, ok) in enumerate(zip(named, fits, strict=True)) if not ok]
+            valid = torch.tensor(fits, dtype=torch.bool)
+            if like is not None:
+                # Structurally different agents are already rejected: a zero placeholder stands in for them.
+                placeholder = torch.zeros_like(like)
+                values = validate_updates([f if f is not None else placeholder for f in flats], like, "parameters")
+                valid = valid & values.valid.cpu()
+                reasons += values.reasons
+            check = UpdateCheck(valid, tuple(reasons))
+            if not check.all_valid:
+                if on_reject is None:
+                    warn_rejected(check, "FedAvgSB3 server")
+                else:
+                    on_reject(check)
+            if not bool(valid.any()):
+                return {"dispersion": float("nan"), "n_averaged": 0.0, "rejected_updates": float(check.n_rejected), "skipped_round": 1.0}
+            keep = [i for i in range(len(models)) if bool(valid[i])]
+            flat = torch.stack([flats[i] for i in keep])  # [n_valid, d]
+            weights = None if self.weights is None else self.weights[keep].to(flat.device)
+            if weights is not None and not bool(weights.sum() > 0):
+                return {"dispersion": float("nan"), "n_averaged": 0.0, "rejected_updates": float(check.n_rejected), "skipped_round": 1.0}
             mean, dispersion = parameter_average(flat, weights)  # [d], []
-            for d in named:
+            for d, ok in zip(named, fits, strict=True):
+                if not ok:
+                    continue
                 offset = 0
                 for k in names:
                     t = d[k]
                     t.copy_(mean[offset : offset + t.numel()].view_as(t))
                     offset += t.numel()
-        return {"dispersion": float(dispersion), "n_averaged": float(mean.numel())}
+        return {"dispersion": float(dispersion), "n_averaged": float(mean.numel()), "rejected_updates": float(check.n_rejected),
+                "skipped_round": 0.0}
+
+
+def _structure(named: dict[str, torch.Tensor]) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ...]:
+    """Names, shapes and dtypes of selected tensors (what must agree across agents)."""
+    return tuple((k, tuple(v.shape), v.dtype) for k, v in named.items())
+
+
+def _describe(structure: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]) -> str:
+    return "{" + ", ".join(f"{k}: {list(shape)} {str(dtype).removeprefix('torch.')}" for k, shape, dtype in structure) + "}"
 
 
 def broadcast(models: Sequence[BaseAlgorithm], selector: Selector, source: int = 0) -> None:

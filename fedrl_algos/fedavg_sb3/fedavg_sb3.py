@@ -43,6 +43,7 @@ from fedrl_algos.common.model_file import (
     read_model_file,
     write_model_file,
 )
+from fedrl_algos.core.aggregation import warn_rejected
 from fedrl_algos.fedavg_sb3.aggregation import Aggregator, ParameterAverage, broadcast, default_selector
 from fedrl_algos.fedavg_sb3.persistence import (
     FORMAT_VERSION,
@@ -304,7 +305,15 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         return self.n_agents * self.sync_every
 
     def synchronize(self) -> dict[str, float]:
-        """Run the server rule now (average and broadcast in place); returns its metrics."""
+        """Run the server rule now (average and broadcast in place); returns its metrics.
+
+        :class:`~fedrl_algos.fedavg_sb3.aggregation.ParameterAverage` rejects agents whose tensors
+        are non-finite or of another structure with a ``RejectedUpdateWarning`` naming the round
+        (logged as ``fed/rejected_updates``, ``fed/skipped_round``).
+        """
+        if isinstance(self.aggregator, ParameterAverage):
+            context = f"{type(self).__name__}: round {self.rounds_done + 1}"
+            return self.aggregator(self.agents, on_reject=lambda check: warn_rejected(check, context))
         return self.aggregator(self.agents)
 
     def learn(

@@ -65,7 +65,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         (server trajectory j runs agent ``j mod n``'s task, so the inner loop estimates the
         gradient of the agents' average objective)
     :param attack: what Byzantine agents do: an :class:`~fedrl_algos.core.attacks.Attack` or its name
-        (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``)
+        (``random_noise``, ``sign_flip``, ``zero_gradient``, ``random_action``, ``reward_flip``,
+        ``random_reward``, ``fedscspg``, ``huge_spread``, ``tiny_spread``: see :data:`~fedrl_algos.core.attacks.ATTACKS`)
     :param byzantine_agents: indices of the Byzantine agents
     :param gamma: discount γ
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
@@ -266,7 +267,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         uniform = self.federation.server_streams.uniform((2,), dtype=torch.float64)
         new_theta, info = self.update.round(
             theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
-            self.optimizer_state,
+            self.optimizer_state, self._reject_updates,
         )
         self._store_server_state(info["optimizer_state"])
         self.policy.theta.data.copy_(new_theta[0])

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates, warn_rejected
 from fedrl_algos.core.attacks import Attack, make_attack
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
@@ -69,16 +70,23 @@ class FilterResult(NamedTuple):
     threshold: torch.Tensor
 
 
-def _median_ball(grads: torch.Tensor, dist: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+def _median_ball(grads: torch.Tensor, dist: torch.Tensor, radius: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Kept mask of one filtering pass with ``radius [*R]``.
 
     ``S`` = agents with more than K/2 gradients (themselves included) within ``radius``; the
     "median" ``μ_mom`` is the member of ``S`` closest to the mean of ``S``; the kept agents are
-    those within ``radius`` of ``μ_mom`` (none when ``S`` is empty).
+    those within ``radius`` of ``μ_mom`` (none when ``S`` is empty). With ``valid [*R, n]``, only
+    valid agents count, K is their number, and invalid ones are never kept.
     """
     n = grads.shape[-2]
     r = radius.to(dist.dtype).reshape(*radius.shape, 1, 1)
-    in_s = (dist <= r).sum(-1) > n / 2  # [*R, n]
+    close = dist <= r
+    if valid is None:
+        in_s = close.sum(-1) > n / 2  # [*R, n]
+    else:
+        k = valid.sum(-1, keepdim=True).to(torch.float64)  # [*R, 1]
+        in_s = (close & valid.unsqueeze(-2)).sum(-1) > k / 2
+        in_s = in_s & valid
     count = in_s.sum(-1, keepdim=True)  # [*R, 1]
     w = in_s.to(grads.dtype).unsqueeze(-1)
     mean_s = (w * grads).sum(-2, keepdim=True) / count.clamp(min=1).unsqueeze(-1).to(grads.dtype)
@@ -86,11 +94,13 @@ def _median_ball(grads: torch.Tensor, dist: torch.Tensor, radius: torch.Tensor) 
     to_mean = torch.where(in_s, to_mean, torch.full_like(to_mean, math.inf))
     mom = torch.gather(grads, -2, to_mean.argmin(-1, keepdim=True).unsqueeze(-1).expand(*grads.shape[:-2], 1, grads.shape[-1]))
     kept = (grads - mom).norm(dim=-1) <= radius.to(grads.dtype).unsqueeze(-1)
-    return kept & (count > 0)
+    kept = kept & (count > 0)
+    return kept if valid is None else kept & valid
 
 
 def byzantine_filter(
-    grads: torch.Tensor, sigma: Any, delta: float, batch_size: Any, max_byzantine_fraction: float
+    grads: torch.Tensor, sigma: Any, delta: float, batch_size: Any, max_byzantine_fraction: float,
+    valid: torch.Tensor | None = None,
 ) -> FilterResult:
     """FedPG-BR's aggregation filter (Algorithm 1.1) for every run.
 
@@ -103,16 +113,23 @@ def byzantine_filter(
     :param delta: δ
     :param batch_size: B_t (number or ``[*R]``)
     :param max_byzantine_fraction: α in [0, 0.5)
+    :param valid: optional mask ``[*R, n]`` of usable reports (:func:`~fedrl_algos.core.aggregation.validate_updates`):
+        the others are treated as absent — never kept, not counted in the majority ``> K/2`` nor in
+        ``(1 − α)K`` (``V`` keeps the federation's K, a slightly wider radius) — and their values
+        are never read
     """
     batch = grads.shape[:-2]
     n = grads.shape[-2]
     work = grads.to(torch.float64)
+    if valid is not None:
+        work = torch.where(valid.unsqueeze(-1), work, torch.zeros_like(work))
     dist = torch.cdist(work, work, compute_mode="donot_use_mm_for_euclid_dist")  # [*R, n, n], exact zeros
     sigma_t = torch.broadcast_to(torch.as_tensor(sigma, dtype=torch.float64, device=grads.device), batch)
     threshold = torch.broadcast_to(filter_threshold(sigma_t, delta, n, batch_size).to(grads.device), batch)
-    kept = _median_ball(work, dist, threshold)
-    fallback = kept.sum(-1) < (1.0 - max_byzantine_fraction) * n
-    wide = _median_ball(work, dist, 2.0 * sigma_t)
+    kept = _median_ball(work, dist, threshold, valid)
+    k = n if valid is None else valid.sum(-1).to(torch.float64)
+    fallback = kept.sum(-1) < (1.0 - max_byzantine_fraction) * k
+    wide = _median_ball(work, dist, 2.0 * sigma_t, valid)
     kept = torch.where(fallback.unsqueeze(-1), wide, kept)
     return FilterResult(kept, fallback, threshold)
 
@@ -120,6 +137,7 @@ def byzantine_filter(
 def filtered_mean(grads: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """Mean of the kept gradients ``[*R, d]`` (zero where none is kept)."""
     w = kept.to(grads.dtype).unsqueeze(-1)
+    grads = torch.where(kept.unsqueeze(-1), grads, torch.zeros_like(grads))  # a rejected NaN must not leak through 0·NaN
     return (w * grads).sum(-2) / w.sum(-2).clamp(min=1.0)
 
 
@@ -262,14 +280,14 @@ class FedPGBRUpdate:
         :param batch_size: B_t ``[*R]``
         :param byzantine: Byzantine agents ``[n]`` (bool)
         :param noise: streams ``[*R, n]`` for the attacks' random numbers
-        :return: reported gradients ``[*R, n, d]``, spreads ``max_j ||g(τ_j) − μ_k||`` ``[*R, n]``,
+        :return: reported gradients ``[*R, n, d]``, reported spreads ``[*R, n]`` (see :meth:`estimate_sigma`),
             undiscounted returns ``[*R, n]`` and env steps ``[*R, n]`` of the used trajectories
         """
         n = byzantine.shape[-1]
         local = theta.unsqueeze(-2).expand(*theta.shape[:-1], n, theta.shape[-1])
         rows = byzantine.reshape(*([1] * (local.dim() - 2)), n, 1)
         acting = sampler.with_policy(self.attack.policy(sampler.policy, rows))
-        traj = self.attack.trajectories(acting(local, self.b_max), byzantine)
+        traj = self.attack.trajectories(acting(local, self.b_max), byzantine, noise)
         used = (torch.arange(self.b_max, device=theta.device) < batch_size.unsqueeze(-1)).to(traj.mask.dtype)  # [*R, Bmax]
         used = used.unsqueeze(-2).unsqueeze(-1)  # [*R, 1, Bmax, 1]
         traj = traj._replace(mask=traj.mask * used, rewards=traj.rewards * used)
@@ -281,21 +299,60 @@ class FedPGBRUpdate:
             spread = deviation.amax(-1)
         else:  # the per-trajectory standard deviation
             spread = torch.sqrt((deviation**2).sum(-1) / (count.squeeze(-1) - 1).clamp(min=1))
-        reported = self.attack.gradient(mu, torch.broadcast_to(byzantine, mu.shape[:-1]), noise)
+        rows_b = torch.broadcast_to(byzantine, mu.shape[:-1])
+        reported = self.attack.gradient(mu, rows_b, noise)
+        spread = self.attack.spread(spread, rows_b, noise)  # what the agent says about its spread
         returns = traj.rewards.sum(-1).sum(-1) / count.squeeze(-1)
         return reported, spread, returns, traj.mask.sum((-1, -2))
 
-    def estimate_sigma(self, spread: torch.Tensor) -> torch.Tensor:
+    def check_reports(self, grads: torch.Tensor, spread: torch.Tensor, theta: torch.Tensor, uses_spread: bool = True) -> UpdateCheck:
+        """Which agents' reports the server may use: a finite gradient of θ's shape and dtype and,
+        where σ is estimated from them (``uses_spread``), a finite non-negative spread.
+
+        :param grads: reported gradients ``[*R, n, d]``
+        :param spread: reported spreads ``[*R, n]``
+        :param theta: the server's parameters ``[*R, d]``
+        :param uses_spread: also check the spreads
+        """
+        check = validate_updates(grads, theta, "gradient")
+        if not uses_spread:
+            return check
+        spreads = validate_updates(spread, theta[..., 0], "spread", extra_dims=0)
+        if spreads.valid.shape == check.valid.shape:
+            negative = spreads.valid & (spread < 0)
+            if bool(negative.any()):
+                where = [f"agent {i[-1]}" if len(i) == 1 else f"run {', '.join(map(str, i[:-1]))}, agent {i[-1]}" for i in negative.nonzero().tolist()]
+                spreads = UpdateCheck(spreads.valid & ~negative, spreads.reasons + tuple(f"{w}: spread is negative" for w in where))
+        elif spreads.all_valid:
+            spreads = UpdateCheck(torch.zeros_like(check.valid), ("every agent: spread tensor has the wrong shape",))
+        else:
+            spreads = UpdateCheck(torch.zeros_like(check.valid), spreads.reasons)
+        return check.merge(spreads)
+
+    def estimate_sigma(self, spread: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``σ = "auto"``/``"auto_bound"``: the ``(1 − α)``-quantile over agents of the reported spreads ``[*R, n]``.
 
         Each agent reports the spread of its per-trajectory estimates around its mean μ_k: the
         standard deviation ``sqrt(Σ_j ||g(τ_j) − μ_k||² / (B_t − 1))`` (``"auto"``) or the largest
         deviation ``max_j ||g(τ_j) − μ_k||`` (``"auto_bound"``, an empirical version of the bound
-        ``||g(τ) − ∇J|| ≤ σ`` behind FedPG-BR's concentration argument; about 3× wider). With at most
-        a fraction α of Byzantine agents the ``(1 − α)``-quantile is never above the largest honest
-        report, however large the Byzantine ones are.
+        ``||g(τ) − ∇J|| ≤ σ`` behind FedPG-BR's concentration argument; about 3× wider). A
+        Byzantine agent may report anything (:meth:`~fedrl_algos.core.attacks.Attack.spread`):
+        with at most a fraction α of Byzantine agents the ``(1 − α)``-quantile is never above the
+        largest honest report however large the forged ones are, but forged *small* reports can
+        pull it down to a smaller honest one.
+
+        :param spread: the reported spreads ``[*R, n]``
+        :param valid: optional mask ``[*R, n]``: the quantile over the valid reports only (the
+            ``"lower"`` order statistic of index ``⌊(1 − α)(k − 1)⌋`` of the ``k`` valid ones)
         """
-        return torch.quantile(spread.to(torch.float64), 1.0 - self.max_byzantine_fraction, dim=-1, interpolation="lower").to(spread.dtype)
+        q = 1.0 - self.max_byzantine_fraction
+        if valid is None:
+            return torch.quantile(spread.to(torch.float64), q, dim=-1, interpolation="lower").to(spread.dtype)
+        keyed = torch.where(valid, spread.to(torch.float64), torch.full_like(spread, math.inf, dtype=torch.float64))
+        ordered = keyed.sort(-1).values
+        k = valid.sum(-1, keepdim=True).clamp(min=1)
+        index = torch.floor(q * (k - 1).to(torch.float64)).long()
+        return torch.gather(ordered, -1, index).squeeze(-1).to(spread.dtype)
 
     def round(
         self,
@@ -306,27 +363,43 @@ class FedPGBRUpdate:
         byzantine: torch.Tensor,
         noise: RandomStreams,
         optimizer_state: AdamState | None = None,
+        on_reject: OnReject | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """One round: ``theta [*R, d]`` → new server parameters ``[*R, d]`` and diagnostics.
+
+        Reports that are unusable (:meth:`check_reports`) are rejected before the filter, which
+        then treats those agents as absent; with no usable report in a run its server skips the
+        round (θ and Adam's state unchanged).
 
         :param server_uniform: two uniform numbers per run ``[*R, 2]`` (for B_t and N_t)
         :param byzantine: Byzantine agents ``[n]`` (bool)
         :param optimizer_state: Adam's state after the previous round (``optimizer="adam"``;
             ``None``: a fresh state)
+        :param on_reject: called with the :class:`~fedrl_algos.core.aggregation.UpdateCheck` when
+            a report is rejected (default: a ``RejectedUpdateWarning``)
         :return: new θ̃ and ``kept`` ``[*R, n]``, ``fallback`` ``[*R]``, ``threshold`` ``[*R]``,
             ``sigma`` ``[*R]``, ``batch_size`` ``[*R]``, ``inner_steps`` ``[*R]``, ``return``
             ``[*R, n]``, ``env_steps`` ``[*R, n]`` (agents), ``server_env_steps`` ``[*R]``,
-            ``optimizer_state`` (Adam's state; ``None`` for ``"sgd"``)
+            ``optimizer_state`` (Adam's state; ``None`` for ``"sgd"``), ``valid`` ``[*R, n]`` (the
+            reports that passed :meth:`check_reports`)
         """
         span = self.b_max - self.b_min + 1
         batch_size = self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
         grads, spread, returns, env_steps = self.agent_gradients(agent_sampler, theta, batch_size, byzantine, noise)
         auto = self.sigma in ("auto", "auto_bound")
-        sigma = self.estimate_sigma(spread) if auto else torch.full_like(spread[..., 0], float(self.sigma))
+        check = self.check_reports(grads, spread, theta, auto)
+        if not check.all_valid:
+            (on_reject or warn_rejected)(check)
+        valid = None if check.all_valid else check.valid
+        if valid is not None and grads.shape[:-1] != check.valid.shape:  # the whole report tensor is unusable
+            grads = torch.zeros(*check.valid.shape, theta.shape[-1], dtype=theta.dtype, device=theta.device)
+        if valid is not None and spread.shape != check.valid.shape:
+            spread = torch.ones(check.valid.shape, dtype=theta.dtype, device=theta.device)
+        sigma = self.estimate_sigma(spread, valid) if auto else torch.full_like(spread[..., 0], float(self.sigma))
         if self.use_filter:
-            decision = byzantine_filter(grads, sigma, self.delta, batch_size, self.max_byzantine_fraction)
+            decision = byzantine_filter(grads, sigma, self.delta, batch_size, self.max_byzantine_fraction, valid)
         else:
-            keep_all = torch.ones(grads.shape[:-1], dtype=torch.bool, device=grads.device)
+            keep_all = torch.ones(grads.shape[:-1], dtype=torch.bool, device=grads.device) if valid is None else valid
             decision = FilterResult(keep_all, torch.zeros_like(keep_all[..., 0]), torch.full_like(sigma, math.inf, dtype=torch.float64))
         mu = filtered_mean(grads, decision.kept)
         inner_steps = geometric_inner_steps(server_uniform[..., 1], batch_size, self.inner_batch_size)
@@ -361,5 +434,6 @@ class FedPGBRUpdate:
             "env_steps": env_steps,
             "server_env_steps": server_steps,
             "optimizer_state": optimizer_state if self.optimizer == "adam" else None,
+            "valid": check.valid,
         }
         return current, info

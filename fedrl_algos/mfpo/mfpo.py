@@ -196,7 +196,7 @@ class MFPO(FederatedAlgorithm):
 
     def _train_round(self) -> None:
         first = self.local_step == 0
-        state, info = self.update.round(self.federation.sampler, self.state)
+        state, info = self.update.round(self.federation.sampler, self.state, self._reject_updates)
         self.policy.theta.data.copy_(state.theta[0, 0])
         self.agent_direction = state.direction[0].clone()
         self.agent_theta_prev = state.theta_prev[0].clone()

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from fedrl_algos.core.aggregation import aggregate
+from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
 
 __all__ = ["MFPOState", "MFPOUpdate", "momentum_direction", "server_step"]
@@ -55,7 +55,11 @@ def momentum_direction(
 
 
 def server_step(
-    theta_local: torch.Tensor, direction_local: torch.Tensor, step_size: float, weights: torch.Tensor | None = None
+    theta_local: torch.Tensor,
+    direction_local: torch.Tensor,
+    step_size: float,
+    weights: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. (6)–(7): average parameters and directions over agents, then ``θ̄ ← θ̄ + α ū``.
 
@@ -63,8 +67,18 @@ def server_step(
     :param direction_local: agents' directions ``[*R, n, d]``
     :param step_size: α_t
     :param weights: optional per-agent weights ``[*R, n]`` (see :func:`~fedrl_algos.core.aggregate`)
+    :param valid: optional mask ``[*R, n]`` of the agents whose parameters and direction may be
+        averaged (the others count with weight 0, their values never read); a run without a valid
+        agent gets zeros, which the caller replaces (:meth:`MFPOUpdate.local_step` keeps the server's state)
     :return: ``(θ̄^(t+1) [*R, d], ū^(t) [*R, d])``, the two things broadcast by eq. (8)
     """
+    if valid is not None:
+        w = masked_weights(valid, weights).clamp(min=0)
+        w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))  # skipped runs: zeros below, not 0/0
+        rows = valid.unsqueeze(-1)
+        theta_local = torch.where(rows, theta_local, torch.zeros_like(theta_local))
+        direction_local = torch.where(rows, direction_local, torch.zeros_like(direction_local))
+        weights = w
     direction_bar = aggregate(direction_local, weights)
     theta_bar = aggregate(theta_local, weights)
     return theta_bar + step_size * direction_bar, direction_bar
@@ -115,9 +129,20 @@ class MFPOUpdate:
         self.max_importance_weight = max_importance_weight
         self.self_normalize = self_normalize
 
-    def local_step(self, sampler, state: MFPOState) -> tuple[MFPOState, dict[str, Any]]:
+    def local_step(
+        self, sampler, state: MFPOState, round_start: MFPOState | None = None, on_reject: OnReject | None = None
+    ) -> tuple[MFPOState, dict[str, Any]]:
         """One step ``t = state.step + 1`` of every agent (and the global phase when ``t mod K = 0``).
 
+        In the global phase the server checks every agent's parameters and direction (finite, of
+        the right shape and dtype; :func:`~fedrl_algos.core.aggregation.validate_updates`) and
+        averages the valid ones; a rejected agent receives the broadcast like the others (its
+        ``θ^(t−1)`` becomes θ̄, so no NaN is carried into the next importance weights). A run with
+        no valid agent skips the round: its state returns to ``round_start``.
+
+        :param round_start: the state right after the last global phase (default: ``state``)
+        :param on_reject: called with the check when an agent is rejected (default: a
+            :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`)
         :return: the new state and diagnostics: ``return`` (undiscounted return of each agent's
             batch ``[*R, n]``), ``env_steps`` ``[*R, n]``, ``trajectories`` (per agent), ``alpha``,
             ``nu``, and ``weight_mean``/``weight_max``/``clipped_fraction`` of the importance
@@ -148,27 +173,51 @@ class MFPOUpdate:
         if t % self.local_steps != 0:
             new = MFPOState(theta + alpha * direction, direction, theta, t)
         else:
-            theta_bar, direction_bar = server_step(theta, direction, alpha)
-            n = theta.shape[-2]
-            new = MFPOState(
-                theta_bar.unsqueeze(-2).expand(*theta_bar.shape[:-1], n, theta_bar.shape[-1]).clone(),
-                direction_bar.unsqueeze(-2).expand_as(direction).clone(),
-                theta,
-                t,
-            )
+            new = self._global_phase(theta, direction, alpha, t, state if round_start is None else round_start, on_reject)
         return new, info
 
-    def round(self, sampler, state: MFPOState) -> tuple[MFPOState, dict[str, Any]]:
+    def _global_phase(
+        self, theta: torch.Tensor, direction: torch.Tensor, alpha: float, t: int, round_start: MFPOState, on_reject: OnReject | None
+    ) -> MFPOState:
+        """Eq. (6)–(8) over the valid agents (see :meth:`local_step`)."""
+        like = round_start.theta[..., 0, :]
+        check = validate_updates(theta, like, "parameters").merge(validate_updates(direction, like, "direction"))
+        n = theta.shape[-2]
+
+        def spread(x: torch.Tensor) -> torch.Tensor:
+            return x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]).clone()
+
+        if check.all_valid:
+            theta_bar, direction_bar = server_step(theta, direction, alpha)
+            return MFPOState(spread(theta_bar), spread(direction_bar), theta, t)
+        (on_reject or warn_rejected)(check)
+        if theta.shape != round_start.theta.shape or direction.shape != round_start.direction.shape:
+            return round_start._replace(step=t)  # nothing usable: every run skips the round
+        theta_bar, direction_bar = server_step(theta, direction, alpha, valid=check.valid)
+        rows = check.valid.unsqueeze(-1)
+        new_theta, new_direction = spread(theta_bar), spread(direction_bar)
+        theta_prev = torch.where(rows, theta, new_theta)
+        keep = check.skipped.reshape(*check.skipped.shape, 1, 1)
+        return MFPOState(
+            torch.where(keep, round_start.theta, new_theta),
+            torch.where(keep, round_start.direction, new_direction),
+            torch.where(keep, round_start.theta_prev, theta_prev),
+            t,
+        )
+
+    def round(self, sampler, state: MFPOState, on_reject: OnReject | None = None) -> tuple[MFPOState, dict[str, Any]]:
         """K local steps ending with the global phase; ``state.step`` must be a multiple of K.
 
+        :param on_reject: see :meth:`local_step` (a run with no valid agent returns to ``state``)
         :return: the new state and the last step's diagnostics, with ``env_steps`` and
             ``trajectories`` summed over the round
         """
         if state.step % self.local_steps != 0:
             raise ValueError(f"a round must start right after a global phase (step a multiple of {self.local_steps}), got step {state.step}")
         env_steps, trajectories = 0, 0
+        start = state
         for _ in range(self.local_steps):
-            state, info = self.local_step(sampler, state)
+            state, info = self.local_step(sampler, state, start, on_reject)
             env_steps = env_steps + info["env_steps"]
             trajectories += info["trajectories"]
         info.update(env_steps=env_steps, trajectories=trajectories)

@@ -171,7 +171,9 @@ class PerFedAvgPG(FederatedAlgorithm):
 
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
-        new_theta, _ = per_fedavg_pg_round(self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round)
+        new_theta, _ = per_fedavg_pg_round(
+            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates
+        )
         self.policy.theta.data.copy_(new_theta[0])
 
     def evaluate_round(self) -> dict[str, float]:

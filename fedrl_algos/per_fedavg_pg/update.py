@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fedrl_algos.core.aggregation import OnReject
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
 from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
 from fedrl_algos.core.federation import Federation
@@ -119,6 +120,7 @@ def per_fedavg_pg_round(
     step_size: float,
     local_steps: int,
     agents_per_round: int | None = None,
+    on_reject: OnReject | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One round of Algorithm 1 for every run: broadcast θ^k, ``τ`` local steps
     ``θ_i ← θ_i + β ∇̂F_i(θ_i)`` on fresh batches, average ``θ^{k+1} = (1/n) Σ_i θ_i``.
@@ -129,6 +131,9 @@ def per_fedavg_pg_round(
     :param step_size: β
     :param local_steps: τ
     :param agents_per_round: agents sampled without replacement per run (``None``: all)
+    :param on_reject: called with the check of the agents' parameters when one is rejected (not
+        finite, wrong shape or dtype; the server averages the others, and keeps θ when none is
+        left); default: a :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`
     :return: the new server parameters ``[R, d]`` and the participation mask (``None``: all)
     """
-    return federation.round(theta, estimator, step_size, local_steps, agents_per_round)
+    return federation.round(theta, estimator, step_size, local_steps, agents_per_round, on_reject)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrl_algos._cli_args import positive_float, positive_int
+from fedrl_algos.core.attacks import ATTACKS
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 from fedrl_algos.reproduce.common import format_duration
 from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, SB3_REDUCED_BUDGETS
@@ -62,7 +63,18 @@ def _print_estimates(names: list[str], configs: dict[str, Any], seeds: int, quic
 def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
     """The flags that set a config field, by flag: ``(field, value)``, ``value`` ``None`` when not given."""
     return {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
-            "--no-sweeps": ("sweeps", False if args.no_sweeps else None)}
+            "--no-sweeps": ("sweeps", False if args.no_sweeps else None), "--attacks": ("attacks", args.attacks)}
+
+
+def _attack_list(text: str) -> tuple[str, ...]:
+    """``--attacks``: ``"all"`` or comma-separated names of :data:`fedrl_algos.core.attacks.ATTACKS`."""
+    if text == "all":
+        return ("none", *sorted(a for a in ATTACKS if a != "none"))
+    names = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in names if a not in ATTACKS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"attacks must be 'all' or comma-separated names of {sorted(ATTACKS)}, got {text!r}")
+    return names
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -138,5 +150,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"steps per agent of mfpo's Fed-DQN / Fed-SAC, or 'paper' ({_steps(PAPER_BUDGET)}; ≈ 11 h for CartPole's "
                         f"Fed-DQN at 10 seeds); default: the reduced run that fits a 2-core machine ({reduced}), at most --budget")
     parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
+    parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
+                        help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
+                        "(default none,random_noise,sign_flip)")
     parser.set_defaults(func=cmd_reproduce)
 

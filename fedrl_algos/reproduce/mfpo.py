@@ -36,7 +36,7 @@ from typing import Any, Self
 import torch
 from gymnasium import spaces
 
-from fedrl_algos.core.attacks import AttackedEstimator, attack_streams, make_attack
+from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
@@ -821,6 +821,21 @@ def _byzantine_methods() -> MethodConfig:
     return MethodConfig(local_steps=1, n_trajectories=16, server_optimizer="adam")
 
 
+#: what each attack's Byzantine agents do (the notes of the report)
+ATTACK_DESCRIPTIONS = {
+    "none": "honest",
+    "random_noise": "report g + U(-1, 1)·3·(max g - min g) per coordinate",
+    "sign_flip": "report -2.5·g",
+    "zero_gradient": "report 0",
+    "random_action": "act uniformly at random, report the gradient of those trajectories",
+    "reward_flip": "learn from -r",
+    "random_reward": "learn from each episode's rewards shuffled (a no-op where every reward is +1, as in CartPole)",
+    "fedscspg": "collude: all report mean + 1.5·(largest distance between their gradients)·(random unit direction)",
+    "huge_spread": "report -2.5·g and 1000× their spread (to widen σ)",
+    "tiny_spread": "report -2.5·g and 1/1000 of their spread (to narrow σ)",
+}
+
+
 @dataclass(frozen=True)
 class ByzantineConfig:
     """``byzantine``: FedPG-BR and FedAvg-PG without and with Byzantine agents (FedPG-BR's protocol)."""
@@ -834,16 +849,26 @@ class ByzantineConfig:
     n_agents: int = 10
     """agents of the federation (agent i runs the family's task i mod 10)"""
     attacks: tuple[str, ...] = ("none", "random_noise", "sign_flip")
-    """the attacks, one run each (``"none"``: no Byzantine agent)"""
+    """the attacks, one run each (``"none"``: no Byzantine agent); any names of
+    :data:`fedrl_algos.core.attacks.ATTACKS` (``fedrl reproduce byzantine --attacks all``: every one)"""
     byzantine_agents: tuple[int, ...] = (0, 1, 2)
     """the agents that attack"""
     methods: MethodConfig = field(default_factory=_byzantine_methods)
     """the two methods' hyperparameters (Adam servers, FedAvg-PG with K = 1, D = 16)"""
+    algorithms: tuple[str, ...] = ("FedPG-BR", "FedAvg-PG")
+    """the methods to run (``("FedPG-BR",)``: the filter's resilience alone, at half the cost)"""
 
     def __post_init__(self) -> None:
         _check_env(self.env)
+        if isinstance(self.attacks, str) or not all(isinstance(a, str) for a in self.attacks) or not self.attacks:
+            raise TypeError(f"attacks must be a non-empty tuple of attack names, got {self.attacks!r}")
+        unknown = [a for a in self.attacks if a not in ATTACKS]
+        if unknown:
+            raise ValueError(f"attacks must be names of {sorted(ATTACKS)}, got {unknown}")
         if any(not 0 <= i < self.n_agents for i in self.byzantine_agents):
             raise ValueError(f"byzantine_agents must be agents 0..{self.n_agents - 1}, got {self.byzantine_agents!r}")
+        if not self.algorithms or any(a not in ("FedPG-BR", "FedAvg-PG") for a in self.algorithms):
+            raise ValueError(f"algorithms must be a non-empty tuple of 'FedPG-BR' and 'FedAvg-PG', got {self.algorithms!r}")
 
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds of 4 trajectories; ``env`` is kept."""
@@ -877,7 +902,7 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
         records: list[dict[str, Any]] = []
         filter_stats: dict[str, dict[str, float]] = {}
         wall: dict[str, float] = {}
-        for method in ("FedPG-BR", "FedAvg-PG"):
+        for method in config.algorithms:
             for attack in config.attacks:
                 byz = () if attack == "none" else config.byzantine_agents
                 pop = Population(env, seed_list, n, cfg, device)
@@ -891,7 +916,7 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
                 records += _records(points, seed_list, experiment=self.name, part="byzantine", env=env, method=method, attack=attack,
                                     n_byzantine=len(byz), n_agents=n)
         table = []
-        for method in ("FedPG-BR", "FedAvg-PG"):
+        for method in config.algorithms:
             clean, _ = _mean_std(_final(records, method=method, attack="none"))
             for attack in config.attacks:
                 mean, std = _mean_std(_final(records, method=method, attack=attack))
@@ -906,8 +931,8 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
                 table.append(TableRow(f"{method}, attack = {attack}", target, mean, std, note))
         notes = [
             f"Returns are undiscounted evaluation returns of the server policy, averaged over the {n} heterogeneous agents' tasks.",
-            f"Byzantine agents are agents {', '.join(map(str, config.byzantine_agents))}. Random noise: g + U(-1, 1)·3·(max g - min g) per coordinate; "
-            "sign flipping: -2.5·g.",
+            f"Byzantine agents are agents {', '.join(map(str, config.byzantine_agents))}. "
+            + "; ".join(f"{a}: {ATTACK_DESCRIPTIONS[a]}" for a in config.attacks if a != "none") + ".",
             f"Both methods step the server with Adam (step size {cfg.fedpg_br_lr:g} for FedPG-BR, {cfg.server_lr:g} for "
             "FedAvg-PG), as FedPG-BR's experiments do; FedAvg-PG is the unprotected baseline of those experiments: every "
             f"round the server averages one GPOMDP gradient from {cfg.n_trajectories} trajectories per agent (K = {cfg.local_steps}).",
@@ -923,8 +948,10 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-        for ax, method in zip(axes, ("FedPG-BR", "FedAvg-PG")):
+        methods = [m for m in ("FedPG-BR", "FedAvg-PG") if any(r["method"] == m for r in output.records)] or ["FedPG-BR"]
+        fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 3.8), sharey=True, squeeze=False)
+        axes = axes[0]
+        for ax, method in zip(axes, methods, strict=True):
             rows = [r for r in output.records if r["method"] == method]
             _plot_curves(ax, rows, "step", "attack", lambda a: "no attack" if a == "none" else f"3 Byzantine: {a}")
             ax.set_title(method)
