@@ -1,6 +1,7 @@
 """The contract every fedrl task family implements, and the two environments built on it.
 
-A *family* is one parameterized MDP written once as pure batched torch functions; a *task* is one
+A *family* is one parameterized MDP written once as pure batched functions (torch, or the small
+namespace of :mod:`fedrl_envs.ops`, which also runs them on one NumPy environment); a *task* is one
 value of its frozen parameter dataclass; a heterogeneous population is the same dataclass with its
 tensor fields stacked along a leading agent axis (:func:`stack_params`). The single-agent
 :class:`FamilyEnv` and the native vector env :class:`FamilyVectorEnv` both call the family's
@@ -308,7 +309,14 @@ class TaskFamily(ABC, Generic[P]):
 
 
 class FamilyEnv(gym.Env, Generic[P]):
-    """A single-agent ``gymnasium.Env`` over a :class:`TaskFamily` kernel (batch of one).
+    """A single-agent ``gymnasium.Env`` over a :class:`TaskFamily` kernel.
+
+    When the family has ``numpy_kernels``, its kernels run on this environment's NumPy state (no
+    batch axis) and NumPy-scalar parameters (:func:`params_to_numpy`): a step costs microseconds.
+    Otherwise they run on a torch batch of one. Either way :attr:`state` is a torch tensor, the
+    observations are NumPy (an ``int`` for ``Discrete``), the starts are those of agent 0 of a
+    vector env seeded alike, and actions are checked by :meth:`TaskFamily.validate_action`'s rules
+    and messages.
 
     Subclasses set ``family`` and document the task arguments in their docstring. The constructor
     takes ``family.make_params``'s arguments, then ``render_mode``: each subclass gets that
