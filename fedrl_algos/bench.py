@@ -1,7 +1,8 @@
 """``fedrl bench``: throughput benchmarks, each against a baseline run in the same process.
 
 ``fedrl bench envs`` measures the federated vectorized environment (:func:`bench_envs`). Further
-targets (``fedrl bench algos``, ...) add themselves to :data:`BENCH_TARGETS`.
+targets (``fedrl bench algos``, ``fedrl bench single`` in :mod:`fedrl_algos.bench_single`, ...) add
+themselves to :data:`BENCH_TARGETS`.
 
 How the numbers are made (also printed under the table):
 
@@ -472,12 +473,22 @@ def _add_training_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_training_target)
 
 
+def _add_single_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_single import add_single_target
+
+    add_single_target(targets)
+
+
+BENCH_TARGETS.append(_add_single_target)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
     bench = subparsers.add_parser(
         "bench", help="throughput benchmarks against same-process baselines",
         description="Throughput benchmarks, each next to its baseline measured in the same process: "
-        "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped).",
+        "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped), "
+        "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO).",
     )
     targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.ops import array_ops
 
 __all__ = ["ArcNavigationParams", "ArcNavigationFamily", "ArcNavigationEnv", "ARC_NAVIGATION"]
 
@@ -65,25 +66,27 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
 
     env_id = "fedrl/ArcNavigation-v0"
     reset_noise_dim = 2
+    numpy_kernels = True
 
     def reset(self, params: ArcNavigationParams, noise: torch.Tensor) -> torch.Tensor:
-        return (2.0 * noise.to(torch.float32) - 1.0)
+        xp = array_ops(noise)
+        return 2.0 * xp.astype(noise, xp.float32) - 1.0
 
     def in_goal(self, position: torch.Tensor, params: ArcNavigationParams) -> torch.Tensor:
         """Whether each position lies within ``goal_radius`` of its goal (bool ``[N]``)."""
-        diff = position - params.goal.to(position.dtype)
-        sq = diff * diff
-        return sq[..., 0] + sq[..., 1] <= params.goal_radius**2  # 5x faster than .sum(-1), same values
+        xp = array_ops(position)
+        diff = position - xp.astype(params.goal, position.dtype)
+        sq_x, sq_y = xp.unbind(diff * diff)
+        return sq_x + sq_y <= params.goal_radius**2  # 5x faster than .sum(-1), same values
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor, params: ArcNavigationParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        reward = self.in_goal(state, params).to(torch.float32)
-        # index_select is ~3x faster than advanced indexing for this row gather (same values)
-        moves = torch.index_select(_compass(params.step_size, state.device), 0, action.reshape(-1).long())
-        moves = moves.reshape(*action.shape, 2)
-        next_state = torch.clamp(state + moves, -1.0, 1.0)
-        return next_state, reward, torch.zeros(state.shape[:-1], dtype=torch.bool, device=state.device)
+        xp = array_ops(state)
+        reward = xp.astype(self.in_goal(state, params), xp.float32)
+        moves = xp.rows(xp.table(_compass, params.step_size, like=state), action)
+        next_state = xp.clip(state + moves, -1.0, 1.0)
+        return next_state, reward, xp.zeros_like(reward, dtype=xp.bool)
 
     def observation_space(self, params: ArcNavigationParams) -> gym.Space:
         return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)

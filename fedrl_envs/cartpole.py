@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.ops import array_ops
 
 __all__ = [
     "CartPoleParams",
@@ -153,16 +154,20 @@ class CartPoleParams:
         """Pole mass times the hinge-to-centre-of-mass distance (kg·m)."""
         return self.masspole * self.length
 
-    def to_dtype(self, dtype: torch.dtype) -> CartPoleParams:
-        """The same parameters with every tensor field cast to ``dtype`` (``self`` if already there)."""
+    def to_dtype(self, dtype: Any) -> CartPoleParams:
+        """The same parameters with every array field cast to ``dtype`` (``self`` if already there).
+
+        :param dtype: a torch dtype for tensor fields, a NumPy dtype for NumPy ones (:mod:`fedrl_envs.ops`)
+        """
         if self.length.dtype == dtype:
             return self
+        xp = array_ops(self.length)
         return dataclasses.replace(
             self,
-            length=self.length.to(dtype),
-            masspole=self.masspole.to(dtype),
-            masscart=self.masscart.to(dtype),
-            force_mag=self.force_mag.to(dtype),
+            length=xp.astype(self.length, dtype),
+            masspole=xp.astype(self.masspole, dtype),
+            masscart=xp.astype(self.masscart, dtype),
+            force_mag=xp.astype(self.force_mag, dtype),
         )
 
 
@@ -175,6 +180,7 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
 
     env_id = "fedrl/CartPole-v0"
     reset_noise_dim = 4
+    numpy_kernels = True
     params_cls = CartPoleParams
     defaults = CARTPOLE_DEFAULTS
     level_factors = LEVEL_FACTORS
@@ -182,15 +188,17 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     # --- kernels -------------------------------------------------------------------------------
     def reset(self, params: CartPoleParams, noise: torch.Tensor) -> torch.Tensor:
         # Each state variable uniform in [-0.05, 0.05).
-        return 0.1 * noise.to(torch.float32) - 0.05
+        xp = array_ops(noise)
+        return 0.1 * xp.astype(noise, xp.float32) - 0.05
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor, params: CartPoleParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        xp = array_ops(state)
         p = params.to_dtype(state.dtype)
-        x, x_dot, theta, theta_dot = state.unbind(-1)
-        force = torch.where(action == 1, p.force_mag, -p.force_mag)
-        cos, sin = torch.cos(theta), torch.sin(theta)
+        x, x_dot, theta, theta_dot = xp.unbind(state)
+        force = xp.where(action == 1, p.force_mag, -p.force_mag)
+        cos, sin = xp.cos(theta), xp.sin(theta)
         # Lagrange's equations of the frictionless cart-pole, solved for the two accelerations:
         # ``shared`` is the cart acceleration the force and the pole's centripetal pull would give
         # without the pole's own angular acceleration; the pole's inertia about its centre of mass
@@ -199,11 +207,11 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         theta_acc = (GRAVITY * sin - cos * shared) / (p.length * (4.0 / 3.0 - p.masspole * cos * cos / p.total_mass))
         x_acc = shared - p.polemass_length * theta_acc * cos / p.total_mass
         # Explicit Euler: positions advance with the old velocities, velocities with the new accelerations.
-        next_state = state + TAU * torch.stack((x_dot, x_acc, theta_dot, theta_acc), dim=-1)
-        next_x, next_theta = next_state[..., 0], next_state[..., 2]
-        terminated = (next_x.abs() > X_THRESHOLD) | (next_theta.abs() > THETA_THRESHOLD)
+        next_state = state + TAU * xp.stack((x_dot, x_acc, theta_dot, theta_acc))
+        next_x, _, next_theta, _ = xp.unbind(next_state)
+        terminated = (abs(next_x) > X_THRESHOLD) | (abs(next_theta) > THETA_THRESHOLD)
         # Reward 1 for every step, including the one that terminates.
-        return next_state, torch.ones_like(next_x), terminated
+        return next_state, xp.ones_like(next_x), terminated
 
     # --- spaces and tasks ----------------------------------------------------------------------
     def observation_space(self, params: CartPoleParams) -> gym.Space:

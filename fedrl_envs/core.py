@@ -1,6 +1,7 @@
 """The contract every fedrl task family implements, and the two environments built on it.
 
-A *family* is one parameterized MDP written once as pure batched torch functions; a *task* is one
+A *family* is one parameterized MDP written once as pure batched functions (torch, or the small
+namespace of :mod:`fedrl_envs.ops`, which also runs them on one NumPy environment); a *task* is one
 value of its frozen parameter dataclass; a heterogeneous population is the same dataclass with its
 tensor fields stacked along a leading agent axis (:func:`stack_params`). The single-agent
 :class:`FamilyEnv` and the native vector env :class:`FamilyVectorEnv` both call the family's
@@ -23,7 +24,7 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
+from fedrl_envs.rng import OneStream, RandomStreams, derive_keys, seed_from_entropy
 
 __all__ = [
     "TaskFamily",
@@ -32,6 +33,7 @@ __all__ = [
     "stack_params",
     "repeat_params",
     "params_to",
+    "params_to_numpy",
     "index_params",
     "check_int",
     "check_seed",
@@ -199,6 +201,22 @@ def _signed_actions(action: torch.Tensor, name: str) -> torch.Tensor:
     return action.to(torch.int64)
 
 
+def params_to_numpy(params: P) -> P:
+    """The same parameters with every tensor field as NumPy: 0-d tensors as NumPy scalars, others as arrays.
+
+    These are the parameters of the NumPy kernels (:mod:`fedrl_envs.ops`); the values and dtypes are
+    the tensors' (float32 stays float32).
+    """
+    changes = {n: _one_numpy(getattr(params, n)) for n in _tensor_fields(params)}
+    return dataclasses.replace(params, **changes)
+
+
+def _one_numpy(value: torch.Tensor) -> Any:
+    """A CPU copy of ``value`` as NumPy: a NumPy scalar when 0-d, else an array."""
+    arr = value.detach().cpu().numpy().copy()
+    return arr[()] if arr.ndim == 0 else arr
+
+
 def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Tensor:
     """``state`` as a tensor of ``template``'s dtype and shape, refusing lossy casts."""
     state_t = state.detach() if isinstance(state, torch.Tensor) else torch.as_tensor(np.asarray(state))
@@ -220,6 +238,11 @@ class TaskFamily(ABC, Generic[P]):
     env_id: ClassVar[str]
     #: number of uniform numbers :meth:`reset` consumes per environment
     reset_noise_dim: ClassVar[int]
+    #: whether :meth:`reset`, :meth:`step` and :meth:`observe` are written against :mod:`fedrl_envs.ops`
+    #: (``xp = array_ops(state)``), so that they also run one environment on NumPy: :class:`FamilyEnv`
+    #: then steps on NumPy scalars (a few microseconds); a family with torch-only kernels leaves it
+    #: ``False`` and its single env steps a torch batch of one
+    numpy_kernels: ClassVar[bool] = False
 
     # --- kernels -------------------------------------------------------------------------------
     @abstractmethod
@@ -305,7 +328,14 @@ class TaskFamily(ABC, Generic[P]):
 
 
 class FamilyEnv(gym.Env, Generic[P]):
-    """A single-agent ``gymnasium.Env`` over a :class:`TaskFamily` kernel (batch of one).
+    """A single-agent ``gymnasium.Env`` over a :class:`TaskFamily` kernel.
+
+    When the family has ``numpy_kernels``, its kernels run on this environment's NumPy state (no
+    batch axis) and NumPy-scalar parameters (:func:`params_to_numpy`): a step costs microseconds.
+    Otherwise they run on a torch batch of one. Either way :attr:`state` is a torch tensor, the
+    observations are NumPy (an ``int`` for ``Discrete``), the starts are those of agent 0 of a
+    vector env seeded alike, and actions are checked by :meth:`TaskFamily.validate_action`'s rules
+    and messages.
 
     Subclasses set ``family`` and document the task arguments in their docstring. The constructor
     takes ``family.make_params``'s arguments, then ``render_mode``: each subclass gets that
@@ -344,16 +374,27 @@ class FamilyEnv(gym.Env, Generic[P]):
         self.observation_space = self.family.observation_space(self.params)
         self.action_space = self.family.action_space(self.params)
         self._horizon = self.family.horizon(self.params)
-        self._streams: RandomStreams | None = None
-        self._state: torch.Tensor | None = None
+        # The NumPy fast path (TaskFamily.numpy_kernels): the same kernels on one environment's
+        # NumPy state, parameters as NumPy scalars/arrays; None: a torch batch of one.
+        self._numpy_params = params_to_numpy(self.params) if self.family.numpy_kernels else None
+        space = self.action_space
+        self._discrete_actions = (
+            (int(space.start), int(space.start + space.n - 1)) if isinstance(space, gym.spaces.Discrete) else None
+        )
+        self._discrete_obs = isinstance(self.observation_space, gym.spaces.Discrete)
+        self._streams: RandomStreams | OneStream | None = None
+        # NumPy path: one state without a batch axis (array or NumPy scalar); torch path: [1, ...]
+        self._state: Any = None
         self._t = 0
 
     # The state is exposed so tests and planners can put the env into any state.
     @property
     def state(self) -> torch.Tensor:
-        """Current kernel state (batch of one, first axis dropped)."""
+        """Current kernel state as a tensor (batch of one, first axis dropped; a copy on the NumPy path)."""
         if self._state is None:
             raise RuntimeError("call reset() before reading the state")
+        if self._numpy_params is not None:
+            return torch.from_numpy(np.array(self._state))
         return self._state[0]
 
     def set_state(self, state: Any, t: int = 0) -> Any:
@@ -367,35 +408,71 @@ class FamilyEnv(gym.Env, Generic[P]):
         t = check_int("t", t, 0)
         state_t = state_t.reshape(template.shape)
         self.family.validate_state(state_t, self._batch_params)
-        self._state = state_t
+        self._state = state_t if self._numpy_params is None else _one_numpy(state_t[0])
         self._t = t
         return self._obs()
 
     def _obs(self) -> Any:
-        obs = self.family.observe(self._state, self._batch_params)[0]
-        if isinstance(self.observation_space, gym.spaces.Discrete):
+        if self._numpy_params is None:
+            obs = self.family.observe(self._state, self._batch_params)[0]
+            if isinstance(self.observation_space, gym.spaces.Discrete):
+                return int(obs)
+            return obs.cpu().numpy().astype(self.observation_space.dtype)
+        obs = self.family.observe(self._state, self._numpy_params)
+        if self._discrete_obs:
             return int(obs)
-        return obs.cpu().numpy().astype(self.observation_space.dtype)
+        return np.array(obs, dtype=self.observation_space.dtype)  # a copy: never a view of the state
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         super().reset(seed=seed)
         if seed is not None or self._streams is None:
             key_seed = seed if seed is not None else int(self.np_random.integers(2**62))
             # Same keys as agent 0 of a vector env seeded alike, so the two produce the same starts.
-            self._streams = RandomStreams(derive_keys(key_seed, torch.arange(1)))
-        noise = self._streams.uniform((1, self.family.reset_noise_dim)).reshape(1, -1)
-        self._state = self.family.reset(self._batch_params, noise)
+            keys = derive_keys(key_seed, torch.arange(1))
+            self._streams = RandomStreams(keys) if self._numpy_params is None else OneStream(keys[0])
+        if self._numpy_params is None:
+            noise = self._streams.uniform((1, self.family.reset_noise_dim)).reshape(1, -1)
+            self._state = self.family.reset(self._batch_params, noise)
+        else:
+            noise = self._streams.uniform_float32(self.family.reset_noise_dim)
+            self._state = self.family.reset(self._numpy_params, noise)
         self._t = 0
         return self._obs(), {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         if self._state is None:
             raise RuntimeError("call reset() before step()")
-        action_t = self._action_tensor(action)
-        self._state, reward, terminated = self.family.step(self._state, action_t, self._batch_params)
+        if self._numpy_params is None:
+            action_t = self._action_tensor(action)
+            self._state, reward, terminated = self.family.step(self._state, action_t, self._batch_params)
+            reward, terminated = reward[0], terminated[0]
+        else:
+            self._state, reward, terminated = self.family.step(self._state, self._numpy_action(action), self._numpy_params)
         self._t += 1
         truncated = self._horizon is not None and self._t >= self._horizon + 1
-        return self._obs(), float(reward[0]), bool(terminated[0]), bool(truncated), {}
+        return self._obs(), float(reward), bool(terminated), bool(truncated), {}
+
+    def _numpy_action(self, action: Any) -> Any:
+        """One action for the NumPy kernels: a Python int (discrete) or a NumPy array (boxes).
+
+        The common valid actions (ints in range, finite float arrays of the right shape) are
+        accepted here in well under a microsecond; everything else goes through
+        :meth:`_action_tensor`, whose checks and error messages are the torch path's.
+        """
+        bounds = self._discrete_actions
+        if bounds is not None:
+            if type(action) is int or isinstance(action, np.integer):  # not bool: type(True) is bool
+                if bounds[0] <= action <= bounds[1]:
+                    return int(action)
+            return int(self._action_tensor(action)[0])
+        if (
+            type(action) is np.ndarray
+            and action.dtype.kind == "f"
+            and action.shape == self.action_space.shape
+            and np.isfinite(action).all()
+        ):
+            return action
+        return self._action_tensor(action)[0].numpy()
 
     def _action_tensor(self, action: Any) -> torch.Tensor:
         """One action as a batch-of-one tensor, validated by the family (never clipped or wrapped)."""

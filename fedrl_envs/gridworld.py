@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.ops import array_ops
 
 __all__ = ["GridWorldParams", "GridWorldFamily", "GridWorldEnv", "GRIDWORLD", "gridworld_goals"]
 
@@ -68,7 +69,8 @@ class GridWorldParams:
     @property
     def goal_index(self) -> torch.Tensor:
         """Goal state index ``y * size + x``, shape ``[...]``."""
-        return self.goal[..., 1] * self.size + self.goal[..., 0]
+        gx, gy = array_ops(self.goal).unbind(self.goal)
+        return gy * self.size + gx
 
 
 def gridworld_goals(size: int = 5) -> list[tuple[int, int]]:
@@ -82,23 +84,27 @@ class GridWorldFamily(TaskFamily[GridWorldParams]):
 
     env_id = "fedrl/GridWorld-v0"
     reset_noise_dim = 1
+    numpy_kernels = True
     default_size = 5
 
     # --- kernels -------------------------------------------------------------------------------
     def reset(self, params: GridWorldParams, noise: torch.Tensor) -> torch.Tensor:
         # Uniform over the S - 1 non-goal cells: draw an index among them, then skip the goal.
+        xp = array_ops(noise)
         n_choices = params.n_states - 1
-        idx = torch.clamp((noise[:, 0].to(torch.float64) * n_choices).long(), max=n_choices - 1)
-        goal = params.goal_index.to(idx.device)
-        return idx + (idx >= goal).long()
+        (u,) = xp.unbind(noise)
+        idx = xp.clip(xp.astype(xp.astype(u, xp.float64) * n_choices, xp.int64), high=n_choices - 1)
+        goal = xp.to_device(params.goal_index, like=idx)
+        return idx + xp.astype(idx >= goal, xp.int64)
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor, params: GridWorldParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # One gather from the cached (cell, action) -> next cell table that _move builds.
-        next_state = _next_cell_table(params.size, state.device).take(state * len(_MOVES) + action)
-        reward = (state == params.goal_index).to(torch.float32)
-        return next_state, reward, torch.zeros_like(state, dtype=torch.bool)
+        xp = array_ops(state)
+        next_state = xp.take(xp.table(_next_cell_table, params.size, like=state), state * len(_MOVES) + action)
+        reward = xp.astype(state == params.goal_index, xp.float32)
+        return next_state, reward, xp.zeros_like(state, dtype=xp.bool)
 
     # --- exact model (derived from the kernel, never written twice) ----------------------------
     def next_state_table(self, params: GridWorldParams) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch
 
 from fedrl_envs.cartpole import _DefaultPopulation
 from fedrl_envs.core import FamilyEnv, TaskFamily
+from fedrl_envs.ops import array_ops
 
 __all__ = ["PendulumParams", "PendulumFamily", "PendulumEnv", "PENDULUM", "PENDULUM_DEFAULTS", "angle_normalize"]
 
@@ -38,8 +39,11 @@ LEVEL_FACTORS = (1.0, 1.1, 1.2, 0.8, 0.9)
 
 
 def angle_normalize(theta: torch.Tensor) -> torch.Tensor:
-    """``theta`` wrapped to [-π, π) (the remainder takes the sign of the divisor, as Python's ``%``)."""
-    return torch.remainder(theta + math.pi, 2 * math.pi) - math.pi
+    """``theta`` wrapped to [-π, π) (the remainder takes the sign of the divisor, as Python's ``%``).
+
+    :param theta: angles, a tensor or NumPy values (:mod:`fedrl_envs.ops`)
+    """
+    return array_ops(theta).remainder(theta + math.pi, 2 * math.pi) - math.pi
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,16 @@ class PendulumParams:
         """Gravity torque at θ = ±90°, ``mass·gravity·length/2`` (N·m): it scales as ``sin θ``."""
         return self.mass * self.gravity * self.length / 2.0
 
-    def to_dtype(self, dtype: torch.dtype) -> PendulumParams:
-        """The same parameters with every tensor field cast to ``dtype`` (``self`` if already there)."""
+    def to_dtype(self, dtype: Any) -> PendulumParams:
+        """The same parameters with every array field cast to ``dtype`` (``self`` if already there).
+
+        :param dtype: a torch dtype for tensor fields, a NumPy dtype for NumPy ones (:mod:`fedrl_envs.ops`)
+        """
         if self.mass.dtype == dtype:
             return self
+        xp = array_ops(self.mass)
         return dataclasses.replace(
-            self, mass=self.mass.to(dtype), length=self.length.to(dtype), gravity=self.gravity.to(dtype)
+            self, mass=xp.astype(self.mass, dtype), length=xp.astype(self.length, dtype), gravity=xp.astype(self.gravity, dtype)
         )
 
 
@@ -85,6 +93,7 @@ class PendulumFamily(_DefaultPopulation, TaskFamily[PendulumParams]):
 
     env_id = "fedrl/Pendulum-v0"
     reset_noise_dim = 2
+    numpy_kernels = True
     params_cls = PendulumParams
     defaults = PENDULUM_DEFAULTS
     level_factors = LEVEL_FACTORS
@@ -92,29 +101,32 @@ class PendulumFamily(_DefaultPopulation, TaskFamily[PendulumParams]):
     # --- kernels -------------------------------------------------------------------------------
     def reset(self, params: PendulumParams, noise: torch.Tensor) -> torch.Tensor:
         # θ uniform in [-π, π), θ̇ uniform in [-1, 1).
-        u = noise.to(torch.float32)
-        return torch.stack((math.pi * (2.0 * u[:, 0] - 1.0), 2.0 * u[:, 1] - 1.0), dim=-1)
+        xp = array_ops(noise)
+        u_theta, u_theta_dot = xp.unbind(xp.astype(noise, xp.float32))
+        return xp.stack((math.pi * (2.0 * u_theta - 1.0), 2.0 * u_theta_dot - 1.0))
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor, params: PendulumParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        xp = array_ops(state)
         p = params.to_dtype(state.dtype)
-        theta, theta_dot = state.unbind(-1)
-        u = torch.clamp(action[..., 0].to(state.dtype), -MAX_TORQUE, MAX_TORQUE)
+        theta, theta_dot = xp.unbind(state)
+        u = xp.clip(xp.astype(xp.unbind(action)[0], state.dtype), -MAX_TORQUE, MAX_TORQUE)
         # The cost of the state the action is taken in, and of the clipped torque.
         angle = angle_normalize(theta)
         cost = angle * angle + 0.1 * theta_dot * theta_dot + 0.001 * u * u
-        theta_acc = (p.gravity_torque * torch.sin(theta) + u) / p.inertia
-        next_theta_dot = torch.clamp(theta_dot + theta_acc * DT, -MAX_SPEED, MAX_SPEED)
+        theta_acc = (p.gravity_torque * xp.sin(theta) + u) / p.inertia
+        next_theta_dot = xp.clip(theta_dot + theta_acc * DT, -MAX_SPEED, MAX_SPEED)
         # θ is kept in [-π, π] (Gymnasium lets it grow): observations and costs depend on θ only
         # through cos, sin and the wrapped angle, and float32 keeps its precision.
         next_theta = angle_normalize(theta + next_theta_dot * DT)
-        next_state = torch.stack((next_theta, next_theta_dot), dim=-1)
-        return next_state, -cost, torch.zeros_like(theta, dtype=torch.bool)
+        next_state = xp.stack((next_theta, next_theta_dot))
+        return next_state, -cost, xp.zeros_like(theta, dtype=xp.bool)
 
     def observe(self, state: torch.Tensor, params: PendulumParams) -> torch.Tensor:
-        theta, theta_dot = state.unbind(-1)
-        return torch.stack((torch.cos(theta), torch.sin(theta), theta_dot), dim=-1)
+        xp = array_ops(state)
+        theta, theta_dot = xp.unbind(state)
+        return xp.stack((xp.cos(theta), xp.sin(theta), theta_dot))
 
     # --- spaces and tasks ----------------------------------------------------------------------
     def observation_space(self, params: PendulumParams) -> gym.Space:

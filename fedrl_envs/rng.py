@@ -18,26 +18,45 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["RandomStreams", "mix64", "derive_keys", "seed_from_entropy", "words_to_uniform"]
+__all__ = ["RandomStreams", "OneStream", "mix64", "derive_keys", "seed_from_entropy", "words_to_uniform"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MUL2 = -7723592293110705685  # 0x94D049BB133111EB
 
 
-def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 tensors (torch's ``>>`` is arithmetic for signed types)."""
+def _shr(x: Any, bits: int) -> Any:
+    """Logical right shift of int64 tensors (torch's ``>>`` is arithmetic for signed types); also of
+    Python ints in [0, 2**64), whose ``>>`` is already logical."""
     return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _no_wrap(x: torch.Tensor) -> torch.Tensor:
+    return x  # int64 tensor arithmetic already wraps modulo 2**64
+
+
+def _wrap_uint64(x: int) -> int:
+    return x & _MASK64  # Python ints do not wrap: keep the low 64 bits (the same bits as int64's)
+
+
+def _mix64(x: Any, wrap: Any) -> Any:
+    # The one SplitMix64 finalizer, for int64 tensors and for Python ints held as unsigned 64-bit
+    # values; ``wrap`` reduces modulo 2**64 after each add and multiply (a no-op for tensors).
+    x = wrap(x + _GOLDEN)
+    x = wrap((x ^ _shr(x, 30)) * _MUL1)
+    x = wrap((x ^ _shr(x, 27)) * _MUL2)
+    return x ^ _shr(x, 31)
 
 
 def mix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64 finalizer: a bijective avalanche hash of int64 tensors (wrapping arithmetic)."""
-    x = x + _GOLDEN
-    x = (x ^ _shr(x, 30)) * _MUL1
-    x = (x ^ _shr(x, 27)) * _MUL2
-    return x ^ _shr(x, 31)
+    return _mix64(x, _no_wrap)
 
 
 def seed_from_entropy(bits: int = 62) -> int:
@@ -50,8 +69,6 @@ def seed_from_entropy(bits: int = 62) -> int:
     """
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 64:
         raise ValueError(f"bits must be an int in [1, 64], got {bits!r}")
-    import numpy as np
-
     return int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0]) >> (64 - bits)
 
 
@@ -201,3 +218,27 @@ class RandomStreams:
 
     def __repr__(self) -> str:
         return f"RandomStreams(batch_shape={tuple(self.batch_shape)}, device={self.device})"
+
+
+class OneStream:
+    """One stream of :class:`RandomStreams` in plain Python integers, for the single env's resets.
+
+    Draws bitwise the numbers row ``0`` of ``RandomStreams(key[None])`` draws (the same SplitMix64
+    hash of ``(key, counter)``), in a few microseconds instead of a dozen torch calls.
+
+    :param key: the stream's key, e.g. ``derive_keys(seed, 0)`` (an int or a one-element int64 tensor)
+    """
+
+    def __init__(self, key: int | torch.Tensor) -> None:
+        self.key = _wrap_uint64(int(key))
+        self.counter = 0
+
+    def uniform_float32(self, count: int) -> np.ndarray:
+        """The next ``count`` uniform numbers in ``[0, 1)`` as float32 ``(count,)``, as
+        ``RandomStreams.uniform((count,))`` gives them."""
+        words = [
+            _mix64(_wrap_uint64(self.key + (self.counter + j) * _GOLDEN), _wrap_uint64) for j in range(count)
+        ]
+        self.counter += count
+        # 24 bits times 2**-24: exact in float32, as in RandomStreams.uniform.
+        return np.array([w >> 40 for w in words], dtype=np.float32) * np.float32(2.0**-24)

@@ -538,24 +538,38 @@ def test_vector_env_agrees_with_single_envs(family):
 
 @pytest.mark.parametrize("env_id", [CP, PD])
 def test_single_env_equals_agent_zero_of_a_vector_env_seeded_alike(env_id):
+    """The single env (NumPy kernels) and agent 0 of a vector env (torch kernels) seeded alike.
+
+    Start states are bitwise equal: the same counter-based random numbers, and the reset kernels
+    are float32 ``+ - *`` only. Transitions (and Pendulum's observations, ``cos``/``sin`` of the
+    angle) agree to one float32 ulp, not bitwise: NumPy and torch
+    round ``sin``/``cos`` of about 5% of float32 arguments differently by one ulp
+    (:mod:`fedrl_envs.ops`), so each step starts both from the single env's state and is compared
+    to 1e-6 (measured: at most 6e-8).
+    """
     family = fedrl_envs.get_family(env_id)
     env = gym.make(env_id).unwrapped
     venv = FamilyVectorEnv(family, [family.train_tasks[0]], n_envs=1, seed=123)
     obs, _ = env.reset(seed=123)
     v_obs, _ = venv.reset()
+    assert torch.equal(venv.state[0], env.state)
+    np.testing.assert_allclose(v_obs[0].numpy(), obs, rtol=1e-6, atol=1e-6)
     rng = np.random.default_rng(0)
     n_resets = 0
     for _ in range(300):
+        venv.set_state(env.state[None], t=env._t)  # the same start for this transition
         action = int(rng.integers(2)) if env_id == CP else rng.uniform(-2, 2, 1).astype(np.float32)
         obs, reward, term, trunc, _ = env.step(action)
         v_obs, v_reward, v_term, v_trunc, info = venv.step(np.array([action]))
+        assert (bool(v_term[0]), bool(v_trunc[0])) == (term, trunc)
+        assert v_reward[0].item() == pytest.approx(reward, rel=1e-6, abs=1e-6)
         if term or trunc:
-            np.testing.assert_array_equal(info["final_obs"][0].numpy(), obs)
+            np.testing.assert_allclose(info["final_obs"][0].numpy(), obs, rtol=1e-6, atol=1e-6)
             obs, _ = env.reset()
             n_resets += 1
-        np.testing.assert_array_equal(v_obs[0].numpy(), obs)
-        assert (v_reward[0].item(), bool(v_term[0]), bool(v_trunc[0])) == (np.float32(reward), term, trunc)
-    assert n_resets >= 1
+            assert torch.equal(venv.state[0], env.state)  # the next start: bitwise
+        np.testing.assert_allclose(v_obs[0].numpy(), obs, rtol=1e-6, atol=1e-6)
+    assert n_resets >= 1 if env_id == PD else n_resets >= 5
 
 
 def test_cartpole_autoreset_with_terminations_at_different_times():
