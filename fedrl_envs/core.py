@@ -293,8 +293,10 @@ class TaskFamily(ABC, Generic[P]):
             if action.is_floating_point() or action.is_complex() or action.dtype == torch.bool:
                 raise TypeError(f"action must be an integer tensor, got dtype {action.dtype}")
             low, high = int(space.start), int(space.start + space.n - 1)
-            invalid = (action < low) | (action > high)
-            if bool(invalid.any()):
+            # One reduction (min and max together) for valid batches; the mask only to report.
+            lowest, highest = torch.aminmax(action) if action.numel() else (torch.tensor(low), torch.tensor(high))
+            if int(lowest) < low or int(highest) > high:
+                invalid = (action < low) | (action > high)
                 bad = action[invalid]
                 more = f" (and {bad.numel() - 1} more invalid actions)" if bad.numel() > 1 else ""
                 raise ValueError(f"action must be an int in [{low}, {high}], got {int(bad[0])}{more}")
@@ -614,18 +616,20 @@ class FamilyVectorEnv(VectorEnv):
             self.streams.counters = torch.where(agents, self.streams.counters, counters)
         return self.family.reset(self.params, noise.reshape(self.num_envs, -1))
 
-    def _draw_reset_rows(self, rows: torch.Tensor, agents: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def _draw_reset_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Initial states of the flat rows ``rows`` only, with the numbers :meth:`_draw_reset_states` gives them.
 
         Row ``i * n_envs + j`` takes words ``j * d .. j * d + d - 1`` (``d = reset_noise_dim``) of
-        agent ``i``'s stream, as in the full draw, and every agent in ``agents`` (bool ``[n_agents]``)
-        then advances by the full draw's ``n_envs * d`` words; so the streams, and every later number,
+        agent ``i``'s stream, as in the full draw, and every agent with a row in ``rows`` then
+        advances by the full draw's ``n_envs * d`` words; so the streams, and every later number,
         are those of drawing the whole batch. Returns the states and the rows' task parameters.
         """
         dim = self.family.reset_noise_dim
         agent, env = rows // self.n_envs, rows % self.n_envs
         offsets = env.unsqueeze(1) * dim + torch.arange(dim, device=rows.device)
         noise = self.streams.uniform_at(agent.unsqueeze(1), offsets)
+        agents = torch.zeros(self.n_agents, dtype=torch.bool, device=rows.device)
+        agents[agent] = True
         self.streams.advance(self.n_envs * dim, where=agents)
         params = index_params(self.params, rows)
         return self.family.reset(params, noise), params
@@ -784,17 +788,20 @@ class FamilyVectorEnv(VectorEnv):
         info: dict[str, Any] = {}
         if self.autoreset:
             done = terminated | truncated
-            # One truthiness check per step; resets are drawn only when some episode ended.
-            if bool(done.any()):
-                rows = done.nonzero().squeeze(1)
-                fresh, fresh_params = self._draw_reset_rows(rows, agents=self.structured(done).any(1))
+            # One synchronizing call per step; resets are drawn only when some episode ended.
+            rows = done.nonzero().squeeze(1)
+            if rows.numel():
+                fresh, fresh_params = self._draw_reset_rows(rows)
                 info["final_obs"] = obs
                 info["_final_obs"] = done
                 info["final_info"] = {}
                 info["_final_info"] = done
-                # Only the rows that reset are drawn, reset and observed (a few per step), not the batch.
-                next_state = next_state.index_put((rows,), fresh)
-                t = torch.where(done, 0, t)
+                # Only the rows that reset are drawn, reset and observed (a few per step), not the
+                # batch; the kernel's fresh output is written in place unless it is the old state.
+                if next_state.data_ptr() == self._state.data_ptr():
+                    next_state = next_state.clone()
+                next_state.index_put_((rows,), fresh)
+                t.masked_fill_(done, 0)
                 obs = obs.index_put((rows,), self.family.observe(fresh, fresh_params).to(obs.dtype))
         self._state = next_state
         self._t = t
