@@ -30,14 +30,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos._cli_args import positive_int, set_threads, write_json
 
 __all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
 
@@ -405,10 +404,7 @@ def print_env_table(records: Sequence[EnvBenchRecord]) -> None:
 # --- command line --------------------------------------------------------------------------------
 def _cmd_bench_envs(args: argparse.Namespace) -> int:
     sizes = args.sizes if args.sizes else ((64,) if args.quick else (64, 1024, 16384))
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     records = bench_envs(
         sizes=sizes,
         n_agents=args.agents,
@@ -417,9 +413,7 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
         sync_max_envs=args.sync_max_envs,
         seed=args.seed,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) for r in records], f, indent=2)
+    write_json(args.json, records)
     return 0
 
 

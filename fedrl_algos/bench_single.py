@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos._cli_args import non_negative_int, positive_int, write_json
 from fedrl_envs.core import check_int
 
 __all__ = [
@@ -290,17 +289,6 @@ def print_single_table(records: Sequence[SingleStepRecord], ppo: PPORecord | Non
     )
 
 
-def _non_negative_int(text: str) -> int:
-    """``argparse`` type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
-
-
 def _cmd_bench_single(args: argparse.Namespace) -> int:
     records, ppo = bench_single(
         threads=args.threads,
@@ -311,9 +299,7 @@ def _cmd_bench_single(args: argparse.Namespace) -> int:
         quick=args.quick,
         seed=args.seed,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": [dataclasses.asdict(r) for r in records], "ppo": ppo and dataclasses.asdict(ppo)}, f, indent=2)
+    write_json(args.json, {"steps": records, "ppo": ppo})
     return 0
 
 
@@ -328,7 +314,7 @@ def add_single_target(targets: Any) -> None:
     )
     p.add_argument("--steps", type=positive_int, default=20000, help="steps per timed block (default 20000)")
     p.add_argument("--repeats", type=positive_int, default=5, help="timed blocks per env; the fastest is kept (default 5)")
-    p.add_argument("--ppo-timesteps", type=_non_negative_int, default=4096, help="PPO total_timesteps per side; 0 skips PPO (default 4096)")
+    p.add_argument("--ppo-timesteps", type=non_negative_int, default=4096, help="PPO total_timesteps per side; 0 skips PPO (default 4096)")
     p.add_argument("--ppo-repeats", type=positive_int, default=3, help="PPO runs per side; the fastest is kept (default 3)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads while timing (default 1)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run")

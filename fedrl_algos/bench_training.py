@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos._cli_args import positive_int, set_threads, write_json
 
 __all__ = ["TrainingBenchRecord", "bench_training", "add_training_target", "CONFIGS"]
 
@@ -151,15 +150,10 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     records = bench_training(configs=args.configs, rounds=1 if args.quick else args.rounds, device=args.device,
                              min_time=0.05 if args.quick else 1.0, seed=args.seed)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) | {"fraction": r.fraction} for r in records], f, indent=2)
+    write_json(args.json, [dataclasses.asdict(r) | {"fraction": r.fraction} for r in records])
     return 0
 
 

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos._cli_args import positive_int, set_threads, write_json
 
 __all__ = ["VectorBenchRecord", "bench_vector", "add_vector_target", "BASELINES"]
 
@@ -245,10 +244,7 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     sizes = args.sizes or ((1_000,) if args.quick else (1_000, 10_000, 100_000))
     records = bench_vector(
         sizes=sizes,
@@ -258,9 +254,7 @@ def _cmd(args: argparse.Namespace) -> int:
         min_time=0.05 if args.quick else args.min_time,
         seed=args.seed,
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([dataclasses.asdict(r) for r in records], f, indent=2)
+    write_json(args.json, records)
     return 0
 
 
