@@ -36,6 +36,7 @@ import gymnasium as gym
 import numpy as np
 
 from fedrl_algos._cli_args import non_negative_int, positive_int, write_json
+from fedrl_algos.common.learn import make_logger
 from fedrl_envs.core import check_int
 
 __all__ = [
@@ -254,6 +255,8 @@ def _bench_ppo(timesteps: int, repeats: int, seed: int, quick: bool) -> PPORecor
 
     def run(env_id: str) -> float:
         model = PPO("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", verbose=0, **kwargs)
+        # SB3's default logger makes an empty SB3-<time> folder in the temp directory per learn call.
+        model.set_logger(make_logger(0, None, "PPO", True))
         start = time.perf_counter()
         model.learn(total_timesteps=timesteps)
         return time.perf_counter() - start
