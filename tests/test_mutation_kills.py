@@ -233,3 +233,46 @@ def test_geometric_inner_steps_by_inversion():
     # A tensor of batch sizes (one per run).
     per_run = geometric_inner_steps(torch.tensor([0.5, 0.5]), torch.tensor([4, 400]), 4)
     assert per_run.tolist() == [1 + math.floor(math.log(0.5) / math.log(g)) for g in (0.5, 400 / 404)]
+
+
+
+def test_filter_with_a_single_member_of_s():
+    # K = 5, radius 1: only the agent at 0 sees 3 > 5/2 agents (-1, 0, 1); S = {0} still defines the
+    # median, and the agents within 1 of it are kept.
+    pts = torch.tensor([[[-1.0], [0.0], [1.0], [50.0], [90.0]]], dtype=torch.float64)
+    kept = _median_ball(pts, torch.cdist(pts, pts), torch.tensor([1.0], dtype=torch.float64))
+    assert kept[0].tolist() == [True, True, True, False, False]
+
+
+def test_filter_distances_are_exact_for_many_agents():
+    # 30 agents (more than 25, where cdist would switch to the |a|² + |b|² − 2ab matrix product,
+    # whose cancellation errors at gradients of norm ~1e3 are ~1e-4) within 1e-8 of each other:
+    # a radius of 1e-6 keeps them all.
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 1, 50, generator=g, dtype=torch.float64) * 1000
+    grads = base + torch.randn(1, 30, 50, generator=g, dtype=torch.float64) * 1e-10
+    sigma = 1e-6 / float(filter_threshold(1.0, 0.6, 30, 16))  # T_μ = 1e-6
+    result = byzantine_filter(grads, sigma, 0.6, 16, 0.2)
+    assert not result.fallback.any() and result.kept.all()
+
+
+def test_filter_with_two_batch_axes_equals_each_run_alone():
+    """Runs ``[2, 3]`` (e.g. seeds x configurations): every run is filtered on its own."""
+    g = torch.Generator().manual_seed(5)
+    n, d = 7, 3  # n differs from both batch sizes, so a reduction over a wrong axis cannot pass
+    spread = torch.tensor([[0.05, 0.6, 5.0], [0.6, 0.05, 0.6]], dtype=torch.float64).reshape(2, 3, 1, 1)
+    grads = torch.randn(2, 3, 1, d, generator=g, dtype=torch.float64) + torch.randn(2, 3, n, d, generator=g, dtype=torch.float64) * spread
+    grads[0, 1, 3] += 30.0
+    grads[1, 0, :3] += 0.8
+    sigma = torch.tensor([[1.0, 1.5, 1.0], [0.5, 1.0, 1.2]], dtype=torch.float64)
+    batch = torch.tensor([[16, 40, 16], [8, 16, 64]])
+    result = byzantine_filter(grads, sigma, 0.6, batch, 0.3)
+    assert result.kept.shape == (2, 3, n) and result.fallback.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            alone = byzantine_filter(grads[i, j].unsqueeze(0), sigma[i, j].reshape(1), 0.6, batch[i, j].reshape(1), 0.3)
+            assert torch.equal(result.kept[i, j], alone.kept[0]) and bool(result.fallback[i, j]) == bool(alone.fallback[0])
+            kept, fallback = _reference_filter(grads[i, j].unsqueeze(0), [float(sigma[i, j])], 0.6, [int(batch[i, j])], 0.3)
+            assert torch.equal(alone.kept, kept) and torch.equal(alone.fallback, fallback)
+    assert result.fallback.any() and not result.fallback.all()
+    assert len({tuple(k.tolist()) for k in result.kept.reshape(6, n)}) >= 3
