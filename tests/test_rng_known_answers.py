@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedrl_envs import RandomStreams, derive_keys
-from fedrl_envs.rng import _shr, mix64, words_to_uniform
+from fedrl_envs.rng import _shr, mix64, seed_from_entropy, words_to_uniform
 
 _M64 = (1 << 64) - 1
 
@@ -109,3 +109,37 @@ def test_normal_is_box_muller_on_two_uniform_draws():
     assert a.normal((4,)).dtype == torch.float32
     big = RandomStreams.from_seed(1, 1).normal((200_000,), dtype=torch.float64)
     assert abs(float(big.mean())) < 0.01 and abs(float(big.std()) - 1.0) < 0.01
+
+
+def test_seed_from_entropy_has_exactly_the_requested_bits():
+    for bits in (1, 62, 64):
+        seeds = [seed_from_entropy(bits) for _ in range(64)]
+        assert all(0 <= s < 2**bits for s in seeds)
+        # The top bit is set in about half of the draws (all 64 unset: probability 2**-64).
+        assert any(s >= 2 ** (bits - 1) for s in seeds)
+    assert all(0 <= seed_from_entropy() < 2**62 for _ in range(64))
+    assert any(seed_from_entropy() >= 2**61 for _ in range(64))
+    for bad in (0, 65, -3, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="bits"):
+            seed_from_entropy(bad)
+
+
+def test_from_seed_checks_its_seed_and_keeps_the_device():
+    with pytest.raises(TypeError, match="seed must be an int, got float"):
+        RandomStreams.from_seed(1.5, 2)
+    with pytest.raises(TypeError, match="got bool"):
+        RandomStreams.from_seed(True, 2)
+    assert RandomStreams.from_seed(torch.tensor(4), 2, device="meta").device.type == "meta"
+    assert str(RandomStreams.from_seed(4, 2).device) == "cpu"
+
+
+def test_load_state_dict_casts_to_int64():
+    # A state saved by other code (int32 counters, keys as a list-built tensor) loads as int64 copies.
+    src = RandomStreams.from_seed(2, 3)
+    src.advance(4)
+    state = {"keys": src.keys.clone(), "counters": src.counters.to(torch.int32)}
+    dst = RandomStreams(torch.zeros(3, dtype=torch.int64))
+    dst.load_state_dict(state)
+    assert dst.keys.dtype == torch.int64 and dst.counters.dtype == torch.int64
+    state["counters"] += 1
+    assert torch.equal(dst.bits((2,)), src.bits((2,)))
