@@ -246,14 +246,16 @@ def test_filter_with_a_single_member_of_s():
 
 def test_filter_distances_are_exact_for_many_agents():
     # 30 agents (more than 25, where cdist would switch to the |a|² + |b|² − 2ab matrix product,
-    # whose cancellation errors at gradients of norm ~1e3 are ~1e-4) within 1e-8 of each other:
-    # a radius of 1e-6 keeps them all.
+    # whose cancellation errors at gradients of norm ~1e3 reach ~1e-4): 16 of them within 1e-8 of
+    # each other form the majority for a radius of 1e-6, the 14 others are 10 apart.
     g = torch.Generator().manual_seed(0)
     base = torch.randn(1, 1, 50, generator=g, dtype=torch.float64) * 1000
     grads = base + torch.randn(1, 30, 50, generator=g, dtype=torch.float64) * 1e-10
+    grads[0, 16:] += torch.arange(1, 15, dtype=torch.float64).reshape(14, 1) * 10.0
     sigma = 1e-6 / float(filter_threshold(1.0, 0.6, 30, 16))  # T_μ = 1e-6
-    result = byzantine_filter(grads, sigma, 0.6, 16, 0.2)
-    assert not result.fallback.any() and result.kept.all()
+    result = byzantine_filter(grads, sigma, 0.6, 16, 0.48)  # 16 >= (1 - 0.48) * 30 = 15.6
+    assert not result.fallback.any()
+    assert result.kept[0].tolist() == [True] * 16 + [False] * 14
 
 
 def test_filter_with_two_batch_axes_equals_each_run_alone():
@@ -276,3 +278,13 @@ def test_filter_with_two_batch_axes_equals_each_run_alone():
             assert torch.equal(alone.kept, kept) and torch.equal(alone.fallback, fallback)
     assert result.fallback.any() and not result.fallback.all()
     assert len({tuple(k.tolist()) for k in result.kept.reshape(6, n)}) >= 3
+
+
+def test_filter_radius_uses_sigma_in_float64():
+    # 2σ = 0.6 exactly in float64, but 2 * float32(0.3) = 0.60000002: an agent 0.60000001 away is
+    # outside the fallback radius (the first pass, with B_t huge, keeps nobody).
+    line = torch.tensor([[[0.0], [0.60000001], [10.0]]], dtype=torch.float64)
+    result = byzantine_filter(line, 0.3, 0.6, 1e12, 0.0)
+    assert result.fallback.all() and not result.kept.any()
+    result = byzantine_filter(line, 0.30000001, 0.6, 1e12, 0.0)  # 2σ = 0.60000002: both within
+    assert result.kept[0].tolist() == [True, True, False]

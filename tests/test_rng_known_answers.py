@@ -143,3 +143,12 @@ def test_load_state_dict_casts_to_int64():
     assert dst.keys.dtype == torch.int64 and dst.counters.dtype == torch.int64
     state["counters"] += 1
     assert torch.equal(dst.bits((2,)), src.bits((2,)))
+
+
+def test_to_moves_keys_and_counters_in_place():
+    streams = RandomStreams.from_seed(1, 2)
+    streams.advance(3)
+    moved = streams.to("meta")
+    assert moved is streams
+    assert streams.keys.device.type == "meta" and streams.counters.device.type == "meta"
+    assert streams.counters.dtype == torch.int64 and streams.batch_shape == (2,)
