@@ -23,6 +23,7 @@ from fedrl_algos.core import (
     reward_to_go_weights,
     rollout,
 )
+from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.fedpg_br import byzantine_filter, filter_threshold, filtered_mean, geometric_inner_steps
 from fedrl_algos.fedpg_br.update import _median_ball
 from fedrl_algos.policies import TabularPolicy
@@ -288,3 +289,36 @@ def test_filter_radius_uses_sigma_in_float64():
     assert result.fallback.all() and not result.kept.any()
     result = byzantine_filter(line, 0.30000001, 0.6, 1e12, 0.0)  # 2σ = 0.60000002: both within
     assert result.kept[0].tolist() == [True, True, False]
+
+
+# --- the exact evaluator ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def evaluator():
+    return TabularEvaluator("fedrl/GridWorld-v0", gamma=GAMMA, agents=[0, 3])
+
+
+def test_alpha_as_a_list_equals_alpha_as_a_tensor(evaluator):
+    theta = torch.randn(2, 100, generator=torch.Generator().manual_seed(7), dtype=torch.float64) * 0.3
+    as_list = evaluator.meta_objective(theta, [0.5, 2.0])[0]
+    as_tensor = evaluator.meta_objective(theta, torch.tensor([0.5, 2.0]))[0]
+    one_by_one = torch.stack([evaluator.meta_objective(theta[i], a)[0] for i, a in enumerate([0.5, 2.0])])
+    assert torch.equal(as_list, as_tensor)
+    assert torch.allclose(as_tensor, one_by_one, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "alpha",
+    [torch.tensor([True, False]), torch.tensor([0.5 + 0j, 1.0]), torch.tensor([0.5, -0.1]), torch.tensor([0.5, float("nan")]),
+     torch.tensor([float("inf"), 1.0]), [0.5, -2.0]],
+)
+def test_bad_tensor_alphas_are_rejected(evaluator, alpha):
+    with pytest.raises(ValueError, match="alpha must"):
+        evaluator.meta_grad(torch.zeros(2, 100, dtype=torch.float64), alpha)
+
+
+def test_meta_grads_per_agent_keep_the_flat_layout(evaluator):
+    theta = torch.randn(100, generator=torch.Generator().manual_seed(8), dtype=torch.float64) * 0.3
+    flat = evaluator.meta_grads_per_agent(theta, 0.5)
+    square = evaluator.meta_grads_per_agent(theta.reshape(25, 4), 0.5)
+    assert flat.shape == (2, 100) and square.shape == (2, 25, 4)
+    assert torch.equal(flat, square.reshape(2, 100))
