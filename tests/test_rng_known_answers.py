@@ -152,3 +152,17 @@ def test_to_moves_keys_and_counters_in_place():
     assert moved is streams
     assert streams.keys.device.type == "meta" and streams.counters.device.type == "meta"
     assert streams.counters.dtype == torch.int64 and streams.batch_shape == (2,)
+
+
+def test_int32_seeds_indices_and_keys_are_widened_to_int64():
+    # The hash is 64-bit wrapping arithmetic: narrower integer inputs must be widened first.
+    i32 = torch.int32
+    assert torch.equal(derive_keys(torch.tensor([7, -2], dtype=i32), torch.tensor([1, 3], dtype=i32)), derive_keys(torch.tensor([7, -2]), torch.tensor([1, 3])))
+    assert int(derive_keys(torch.tensor(7, dtype=i32), 1)) == _signed(_ref_key(7, 1))
+    small = RandomStreams(torch.tensor([5, -9], dtype=i32))
+    assert small.keys.dtype == torch.int64
+    assert small.bits((3,)).tolist() == [[_signed(_ref_word(k & _M64, j)) for j in range(3)] for k in (5, -9)]
+    loaded = RandomStreams(torch.zeros(2, dtype=torch.int64))
+    loaded.load_state_dict({"keys": torch.tensor([5, -9], dtype=i32), "counters": torch.tensor([0, 0], dtype=i32)})
+    assert loaded.keys.dtype == torch.int64
+    assert torch.equal(loaded.bits((3,)), RandomStreams(torch.tensor([5, -9])).bits((3,)))
