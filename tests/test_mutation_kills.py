@@ -322,3 +322,15 @@ def test_meta_grads_per_agent_keep_the_flat_layout(evaluator):
     square = evaluator.meta_grads_per_agent(theta.reshape(25, 4), 0.5)
     assert flat.shape == (2, 100) and square.shape == (2, 25, 4)
     assert torch.equal(flat, square.reshape(2, 100))
+
+
+def test_scalar_tensor_alpha_broadcasts_over_the_batch(evaluator):
+    theta = torch.randn(2, 100, generator=torch.Generator().manual_seed(9), dtype=torch.float64) * 0.3
+    assert torch.equal(evaluator.meta_grad(theta, torch.tensor(0.5)), evaluator.meta_grad(theta, 0.5))
+    assert torch.equal(evaluator.meta_grad(theta, torch.tensor([0.5])), evaluator.meta_grad(theta, 0.5))
+
+
+@pytest.mark.parametrize("theta", [torch.zeros(100, dtype=torch.bool), torch.zeros(100, dtype=torch.complex128)])
+def test_bool_and_complex_theta_are_rejected(evaluator, theta):
+    with pytest.raises(ValueError, match="theta must hold real numbers"):
+        evaluator.returns(theta)
