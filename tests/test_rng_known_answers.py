@@ -166,3 +166,14 @@ def test_int32_seeds_indices_and_keys_are_widened_to_int64():
     loaded.load_state_dict({"keys": torch.tensor([5, -9], dtype=i32), "counters": torch.tensor([0, 0], dtype=i32)})
     assert loaded.keys.dtype == torch.int64
     assert torch.equal(loaded.bits((3,)), RandomStreams(torch.tensor([5, -9])).bits((3,)))
+
+
+def test_uniform_dtype_does_not_follow_the_default_dtype():
+    words = RandomStreams.from_seed(0, 1).bits((5,))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = words_to_uniform(words)
+    finally:
+        torch.set_default_dtype(before)
+    assert out.dtype == torch.float32 and torch.equal(out, words_to_uniform(words))
