@@ -354,3 +354,14 @@ def test_pendulum_params_derived_quantities_and_cast():
     assert q.mass.dtype == q.length.dtype == q.gravity.dtype == torch.float64
     assert (q.mass.item(), q.length.item(), q.gravity.item()) == (p.mass.item(), p.length.item(), p.gravity.item())
     assert p.to_dtype(torch.float32) is p
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_angle_normalize_is_bitwise_gymnasiums(dtype):
+    # Gymnasium's Pendulum-v1 angle_normalize, ((x + pi) % (2 pi)) - pi, in the array's own dtype:
+    # the same bits, not only the same angle (θ - π instead of θ + π is one rounding off in places).
+    x = np.linspace(-20.0, 20.0, 20001).astype(dtype)
+    gymnasium = ((x + np.pi) % (2 * np.pi)) - np.pi
+    ours = angle_normalize(torch.from_numpy(x))
+    assert isinstance(ours, torch.Tensor) and ours.dtype == torch.from_numpy(x).dtype
+    np.testing.assert_array_equal(ours.numpy(), gymnasium)
