@@ -42,9 +42,14 @@ def run_env_stream_ids(seeds: Any, n_agents: int, offset: int = 0) -> list[int]:
     return [int(k) & ((1 << 62) - 1) for k in keys.reshape(-1).tolist()]
 
 
-def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0) -> torch.Tensor:
-    """Stream keys ``[R, n]`` for runs seeded ``seeds [R]`` (agent ``i`` of run ``r``)."""
-    return derive_keys(seeds.reshape(-1, 1), torch.arange(n_agents).reshape(1, -1) + offset)
+def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0, agent_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Stream keys ``[R, n]`` for runs seeded ``seeds [R]`` (agent ``i`` of run ``r``).
+
+    :param agent_ids: the agents' indices in their federation (default ``0..n-1``): a slice of a
+        federation (one Flower client's agent) draws the same numbers as those rows of the whole
+    """
+    ids = torch.arange(n_agents) if agent_ids is None else torch.as_tensor(agent_ids, dtype=torch.int64).reshape(-1)
+    return derive_keys(seeds.reshape(-1, 1), ids.reshape(1, -1) + offset)
 
 
 @dataclass
@@ -69,6 +74,10 @@ class Federation:
     :param normalizer: observation normalizer shared by the samplers (only the training sampler
         adds to its moments; :mod:`fedrl_algos.core.normalization`)
     :param env_reset_seed: seed of the env's first reset (``None``: the seed the env was made with)
+    :param agent_ids: each agent's index in the whole federation, for a federation that holds only
+        some of its agents (a Flower client's one agent): their random streams are keyed by these
+        indices, so the slice draws exactly what those rows of the whole federation draw (default
+        ``0..n-1``)
     """
 
     family: TaskFamily | None
@@ -82,6 +91,7 @@ class Federation:
     stop_when_done: bool = False
     normalizer: Any = None
     env_reset_seed: int | None = None
+    agent_ids: Any = None
 
     def __post_init__(self) -> None:
         self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
@@ -94,9 +104,13 @@ class Federation:
         else:
             first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
             self.n_agents = int(first.shape[0])
-        self.streams = RandomStreams(run_keys(self.seeds, self.n_agents), self.device)
+        if self.agent_ids is not None:
+            self.agent_ids = torch.as_tensor(self.agent_ids, dtype=torch.int64).reshape(-1)
+            if self.agent_ids.shape[0] != self.n_agents:
+                raise ValueError(f"agent_ids must have one index per agent ({self.n_agents}), got {self.agent_ids.shape[0]}")
+        self.streams = RandomStreams(run_keys(self.seeds, self.n_agents, agent_ids=self.agent_ids), self.device)
         self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
-        self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM), self.device)
+        self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM, self.agent_ids), self.device)
         if self.env is not None:
             seed = self.env_reset_seed
             self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed,

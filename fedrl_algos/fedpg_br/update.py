@@ -383,9 +383,37 @@ class FedPGBRUpdate:
             ``optimizer_state`` (Adam's state; ``None`` for ``"sgd"``), ``valid`` ``[*R, n]`` (the
             reports that passed :meth:`check_reports`)
         """
-        span = self.b_max - self.b_min + 1
-        batch_size = self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
+        batch_size = self.batch_size(server_uniform)
         grads, spread, returns, env_steps = self.agent_gradients(agent_sampler, theta, batch_size, byzantine, noise)
+        return self.server_phase(theta, grads, spread, returns, env_steps, batch_size, server_uniform, server_sampler, optimizer_state, on_reject)
+
+    def batch_size(self, server_uniform: torch.Tensor) -> torch.Tensor:
+        """``B_t`` uniform in ``[B_min, B_max]`` ``[*R]`` from the first of the round's two server uniforms ``[*R, 2]``."""
+        span = self.b_max - self.b_min + 1
+        return self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
+
+    def server_phase(
+        self,
+        theta: torch.Tensor,
+        grads: torch.Tensor,
+        spread: torch.Tensor,
+        returns: torch.Tensor,
+        env_steps: torch.Tensor,
+        batch_size: torch.Tensor,
+        server_uniform: torch.Tensor,
+        server_sampler: Sampler,
+        optimizer_state: AdamState | None = None,
+        on_reject: OnReject | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Steps 2–3 of :meth:`round` (the server's side, a Flower strategy's aggregation): check the
+        reports ``grads [*R, n, d]``/``spread [*R, n]`` the agents sent for ``theta [*R, d]``, filter,
+        average and run the SCSG loop on the server's own trajectories.
+
+        :param returns: the agents' reported returns ``[*R, n]`` (diagnostics only)
+        :param env_steps: the agents' env steps ``[*R, n]`` (diagnostics only)
+        :param batch_size: ``B_t`` of the round (:meth:`batch_size`)
+        :return: as :meth:`round`
+        """
         auto = self.sigma in ("auto", "auto_bound")
         check = self.check_reports(grads, spread, theta, auto)
         if not check.all_valid:
