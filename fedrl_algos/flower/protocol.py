@@ -312,7 +312,7 @@ class AveragingProtocol(RoundProtocol):
         weights = None if bool(present.all()) else present.to(theta.dtype)
         check = UpdateCheck(check.valid | ~present, check.reasons)
         average, check = aggregate_valid(local, theta, weights, check=check, on_reject=self._reject)
-        state = model.__dict__.get("optimizer_state")
+        state = getattr(model, "optimizer_state", None)
         if type(model).__name__ == "FedAvgPG":
             step_sum = sum(model.step_size(t) for t in range(model.local_step + 1, model.local_step + model.local_steps + 1))
             if state is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import pathlib
 import time
-import warnings
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -26,7 +25,6 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 from stable_baselines3.common.callbacks import BaseCallback
 
-from fedrl_algos.core.aggregation import RejectedUpdateWarning
 from fedrl_algos.flower.protocol import AgentReply, RoundProtocol, RoundReplies, protocol_for
 from fedrl_algos.flower.task import load_model
 
@@ -304,10 +302,8 @@ def run_federation(
         callbacks.append(RoundCheckpoint(checkpoint_path))
     model._train_round = flower_round  # the round of learn(): over the Grid instead of in this process
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", RejectedUpdateWarning)
-            model.learn(total_rounds=rounds_left, callback=callbacks or None, progress_bar=progress_bar, log_interval=log_interval,
-                        reset_num_timesteps=model.rounds_done == 0)
+        model.learn(total_rounds=rounds_left, callback=callbacks or None, progress_bar=progress_bar, log_interval=log_interval,
+                    reset_num_timesteps=model.rounds_done == 0)
     finally:
         del model._train_round
     return model
