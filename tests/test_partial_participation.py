@@ -253,3 +253,59 @@ def test_agents_per_round_streams_of_unsampled_agents_stay_in_the_shell():
     model = _model(PerFedAvgPG, agents_per_round=2).learn(total_rounds=1)
     counters = model.federation.streams.counters
     assert int((counters > 0).sum()) == 2 and model.timesteps_per_round == 2 * 2 * 9 * 16
+
+
+class _Quadratic(PolicyGradient):
+    """Exact ascent direction of J_i(θ) = −½ (θ − b_i)ᵀ diag(a_i) (θ − b_i): heterogeneous curvature,
+    so FedAvg's local steps drift (its fixed point is not the maximizer of Σ_i J_i)."""
+
+    per_agent_state = True  # a_i, b_i belong to agent i: the masked path keeps every agent's row
+
+    def __init__(self, policy, a: torch.Tensor, b: torch.Tensor) -> None:
+        super().__init__(policy, 0.9, 1)
+        self.a, self.b = a, b
+
+    def __call__(self, sampler, theta):
+        return self.a * (self.b - theta)
+
+
+@pytest.mark.parametrize("agents_per_round", [None, 3])
+def test_scaffold_removes_client_drift_where_fedavg_does_not(agents_per_round):
+    # SCAFFOLD's defining property (Karimireddy et al. 2020, with exact local gradients): its fixed
+    # point is the maximizer x* = (Σ a_i)^-1 Σ a_i b_i of the average objective; FedAvg's is not.
+    generator = torch.Generator().manual_seed(0)
+    a = torch.rand(1, 8, 5, generator=generator, dtype=torch.float64) * 1.8 + 0.2
+    b = torch.randn(1, 8, 5, generator=generator, dtype=torch.float64)
+    best = (a * b).sum(1) / a.sum(1)
+    estimator = _Quadratic(_policy(), a, b)
+    finals = {}
+    for cv in (False, True):
+        fed = Federation(GRIDWORLD, PARAMS, _policy(), torch.tensor([0]))
+        theta = torch.zeros(1, 5, dtype=torch.float64)
+        control = ControlVariates.zeros(1, 8, 5, torch.float64) if cv else None
+        for _ in range(400):
+            theta, _ = fed.round(theta, estimator, 0.2, 10, agents_per_round, control=control)
+        finals[cv] = float((theta - best).norm())
+    assert finals[True] < 1e-8
+    assert finals[False] > 0.05
+
+
+def test_reproduce_partial_quick_writes_its_table_and_figures(tmp_path):
+    from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
+
+    experiment = EXPERIMENTS["partial"]
+    config = experiment.config(quick=True, methods=("first_order",))
+    payload = run_experiment(experiment, tmp_path, seeds=2, config=config)
+    curves = [r for r in payload["records"] if r["kind"] == "curve"]
+    assert {(r["agents_per_round"], r["control_variates"]) for r in curves} == {(8, False), (8, True), (2, False), (2, True)}
+    assert len(curves) == 4 * 2 * (config.rounds + 1)
+    timing = [r for r in payload["records"] if r["kind"] == "timing"]
+    assert {r["path"] for r in timing} == {"full", "subset", "masked"} and all(len(r["round_s"]) == config.timing_rounds for r in timing)
+    report = (tmp_path / "partial" / "report.md").read_text()
+    assert "random words drawn by the agents' streams, r=2 / r=n" in report and "| 0.250 |" in report
+    for name in ("partial_rounds.png", "partial_trajectories.png", "partial_wall_time.png"):
+        assert (tmp_path / "partial" / name).stat().st_size > 0
+    with pytest.raises(ValueError, match="fraction"):
+        experiment.config(fraction=0)
+    with pytest.raises(ValueError, match="control_variates"):
+        experiment.config(control_variates=())
