@@ -222,9 +222,10 @@ class PartialExperiment(Experiment):
     config_class = PartialConfig
 
     def estimate_wall_time(self, config: PartialConfig, seeds: int) -> WallTimeEstimate:
-        # docs/reproduction.md: 45 s wall for 10 seeds, 80 rounds, 3 methods × 2 r × 2 control settings
+        # docs/reproduction.md: 80 s wall for 10 seeds, 80 rounds, 3 methods × 2 r × 2 control settings
+        # (and the timing section at n = 8, 32, 128), on 2 busy cores
         settings = len(config.methods) * 2 * len(config.control_variates)
-        return linear_estimate(self.name, 45.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 80), "settings": (settings, 12)},
+        return linear_estimate(self.name, 80.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 80), "settings": (settings, 12)},
                                "docs/reproduction.md")
 
     def run(self, config: PartialConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
