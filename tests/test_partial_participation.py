@@ -309,3 +309,15 @@ def test_reproduce_partial_quick_writes_its_table_and_figures(tmp_path):
         experiment.config(fraction=0)
     with pytest.raises(ValueError, match="control_variates"):
         experiment.config(control_variates=())
+
+
+def test_env_backed_federation_keeps_the_masked_path_and_cannot_select():
+    model = FedAvgPG("MlpPolicy", "CartPole-v1", n_agents=4, agents_per_round=2, n_trajectories=2, local_steps=1, horizon=9,
+                     policy_kwargs={"net_arch": (4,)}, control_variates=True, seed=0, device="cpu")
+    assert not model.federation.can_select
+    with pytest.raises(ValueError, match="family-backed"):
+        model.federation.select(torch.tensor([[0, 1]]))
+    model.learn(total_rounds=2)
+    sampled = int((model.control_agents.abs().sum(-1) > 0).sum())
+    assert 2 <= sampled <= 4  # only the sampled agents' controls moved, two per round
+    assert torch.allclose(model.control_server, model.control_agents.mean(1), atol=1e-6)
