@@ -344,6 +344,9 @@ class AttackedEstimator(GradientEstimator):
     :param byzantine: boolean mask over agents ``[n]`` (or broadcastable to the batch)
     """
 
+    #: the Byzantine mask is over the federation's agents ``[n]``
+    per_agent_state: ClassVar[bool] = True
+
     def __init__(self, estimator: GradientEstimator, attack: Attack | str, byzantine: torch.Tensor) -> None:
         super().__init__(estimator.policy, estimator.gamma)
         self.inner = estimator

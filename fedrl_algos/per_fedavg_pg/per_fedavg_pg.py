@@ -14,6 +14,7 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
@@ -24,7 +25,7 @@ __all__ = ["PerFedAvgPG"]
 _VARIANTS = ("exact", "first_order")
 
 
-class PerFedAvgPG(FederatedAlgorithm):
+class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     """Personalized federated policy gradient by MAML (Per-FedAvg-PG).
 
     Each round the server broadcasts θ; every participating agent takes ``local_steps`` (τ) local
@@ -48,7 +49,11 @@ class PerFedAvgPG(FederatedAlgorithm):
     :param m_out: outer-batch trajectories (ĝ_out, sampled at the adapted parameters)
     :param variant: ``"exact"`` or ``"first_order"``
     :param gamma: discount γ
-    :param agents_per_round: agents sampled without replacement each round (default: all)
+    :param agents_per_round: agents sampled without replacement each round (default: all); only the
+        sampled agents are computed and only their random streams advance
+    :param control_variates: SCAFFOLD's control-variate correction of the local steps
+        (``θ_i ← θ_i + β (∇̂F_i + c − c_i)``, option II controls; saved with the model); needs
+        ``step_size > 0``. Docs: ``docs/algorithms/per_fedavg_pg.md``
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product (memory/cache trade-off)
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged pre/post-adaptation
         returns; default ``None``: 0 for families with an exact model (they log the exact F and f)
@@ -94,6 +99,7 @@ class PerFedAvgPG(FederatedAlgorithm):
         variant: str = "exact",
         gamma: float = 0.9,
         agents_per_round: int | None = None,
+        control_variates: bool = False,
         hvp_chunk: int = 100,
         eval_trajectories: int | None = None,
         eval_adapt_trajectories: int = 64,
@@ -123,6 +129,7 @@ class PerFedAvgPG(FederatedAlgorithm):
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
+        self.control_variates = check_control_variates(control_variates)
         super().__init__(
             policy,
             env,
@@ -142,8 +149,11 @@ class PerFedAvgPG(FederatedAlgorithm):
 
     def _setup_model(self) -> None:
         self.agents_per_round = check_agents_per_round(self.agents_per_round, self.n_agents)
+        if check_control_variates(self.control_variates) and not self.step_size > 0:
+            raise ValueError(f"control_variates=True needs step_size > 0 (the controls divide the local progress by it), got {self.step_size}")
         super()._setup_model()
         self.estimator = self._make_estimator()
+        self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
         if self.variant == "exact":
@@ -171,9 +181,12 @@ class PerFedAvgPG(FederatedAlgorithm):
 
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
+        control = self.control_state
         new_theta, _ = per_fedavg_pg_round(
-            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates
+            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates,
+            control,
         )
+        self._store_control_state(control)
         self.policy.theta.data.copy_(new_theta[0])
 
     def evaluate_round(self) -> dict[str, float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from fedrl_algos.core.aggregation import OnReject
+from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
 from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
 from fedrl_algos.core.federation import Federation
@@ -121,9 +122,15 @@ def per_fedavg_pg_round(
     local_steps: int,
     agents_per_round: int | None = None,
     on_reject: OnReject | None = None,
+    control: ControlVariates | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One round of Algorithm 1 for every run: broadcast θ^k, ``τ`` local steps
     ``θ_i ← θ_i + β ∇̂F_i(θ_i)`` on fresh batches, average ``θ^{k+1} = (1/n) Σ_i θ_i``.
+
+    With ``agents_per_round = r < n`` only the ``r`` sampled agents of each run are computed and
+    averaged (:meth:`~fedrl_algos.core.federation.Federation.local_round`). With ``control``
+    (SCAFFOLD) the local steps are ``θ_i ← θ_i + β (∇̂F_i(θ_i) + c − c_i)`` and the controls are
+    updated in place (:mod:`fedrl_algos.core.control_variates`).
 
     :param federation: the batched federation (its samplers and random streams)
     :param theta: server parameters ``[R, d]``
@@ -134,6 +141,7 @@ def per_fedavg_pg_round(
     :param on_reject: called with the check of the agents' parameters when one is rejected (not
         finite, wrong shape or dtype; the server averages the others, and keeps θ when none is
         left); default: a :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`
+    :param control: SCAFFOLD's control variates ``c [R, d]``, ``c_i [R, n, d]`` (``None``: none)
     :return: the new server parameters ``[R, d]`` and the participation mask (``None``: all)
     """
-    return federation.round(theta, estimator, step_size, local_steps, agents_per_round, on_reject)
+    return federation.round(theta, estimator, step_size, local_steps, agents_per_round, on_reject, control)
