@@ -40,6 +40,8 @@ GRID = "fedrl/GridWorld-v0"
 def _models():
     return {
         "per_fedavg_pg": lambda: PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu", local_steps=2),
+        "per_fedavg_pg_sampled": lambda: PerFedAvgPG("TabularPolicy", GRID, seed=5, device="cpu", local_steps=2, agents_per_round=3),
+        "fedavg_pg_sampled": lambda: FedAvgPG("TabularPolicy", GRID, seed=6, device="cpu", agents_per_round=2),
         "fedavg_pg": lambda: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu"),
         "fedavg_pg_adam": lambda: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu", server_optimizer="adam"),
         "independent_pg": lambda: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu"),

@@ -277,11 +277,18 @@ class AveragingProtocol(RoundProtocol):
 
     algorithms = ("PerFedAvgPG", "FedAvgPG")
 
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        if model.__dict__.get("control_variates", False):
+            raise ValueError("control_variates (SCAFFOLD) is not supported on Flower yet; train it in one process")
+        self._mask: torch.Tensor | None = None
+
     def participants(self) -> list[int]:
-        mask = self.model.federation.participation(self.model.__dict__.get("agents_per_round"))
-        if mask is None:
+        # The in-process round's draw (Federation.sample_agents), so that client sampling picks the same agents.
+        self._mask = self.model.federation.participation(self.model.__dict__.get("agents_per_round"))
+        if self._mask is None:
             return list(range(int(self.model.n_agents)))
-        return [int(i) for i in mask[0].nonzero().reshape(-1).tolist()]
+        return [int(i) for i in self._mask[0].nonzero().reshape(-1).tolist()]
 
     def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         config = {"local-step": int(self.model.__dict__.get("local_step", 0))}
@@ -309,7 +316,7 @@ class AveragingProtocol(RoundProtocol):
         present[0, sorted(replies.asked)] = True
         # Agents that were not asked (client sampling) count with weight 0, as in the in-process
         # masked round; asked agents that failed are rejected with their reasons.
-        weights = None if bool(present.all()) else present.to(theta.dtype)
+        weights = self._mask
         check = UpdateCheck(check.valid | ~present, check.reasons)
         average, check = aggregate_valid(local, theta, weights, check=check, on_reject=self._reject)
         state = getattr(model, "optimizer_state", None)
