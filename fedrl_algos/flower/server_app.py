@@ -49,6 +49,11 @@ def _array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
 
 
+def record_bytes(record: ArrayRecord) -> int:
+    """Bytes of the arrays of an ArrayRecord (the payload a message carries, without framing)."""
+    return int(sum(len(array.data) for array in record.values()))
+
+
 def _check_count(name: str, value: Any, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -82,6 +87,9 @@ class FederationStrategy(Strategy):
         self.min_train_nodes = 1 if min_train_nodes is None else _check_count("min_train_nodes", min_train_nodes, 1)
         self.eval_trajectories = _check_count("eval_trajectories", eval_trajectories)
         self._asked: list[int] = []
+        self._bytes_sent = self._bytes_received = 0
+        #: what the last round did: ``skipped``, ``rejected``, ``reasons``, ``replies``, ``failures``
+        #: (agent → why), ``bytes_sent``/``bytes_received`` (array payloads of the train messages)
         self.last_round: dict[str, Any] = {}
 
     def summary(self) -> None:
@@ -92,15 +100,19 @@ class FederationStrategy(Strategy):
         """Messages to this round's agents (``arrays``: ignored, the model is the server's state)."""
         self._asked = self.protocol.participants()
         messages = []
+        self._bytes_sent = 0
         for agent in self._asked:
             payload, agent_config = self.protocol.train_message(agent)
-            record = RecordDict({"arrays": _array_record(payload), "config": ConfigRecord({**dict(config), **agent_config, "server-round": server_round})})
+            arrays = _array_record(payload)
+            self._bytes_sent += record_bytes(arrays)
+            record = RecordDict({"arrays": arrays, "config": ConfigRecord({**dict(config), **agent_config, "server-round": server_round})})
             messages.append(Message(content=record, message_type=MessageType.TRAIN, dst_node_id=self.agent_nodes[agent]))
         return messages
 
     def _parse(self, replies: Iterable[Message]) -> RoundReplies:
         got: dict[int, AgentReply] = {}
         failures: dict[int, str] = {}
+        self._bytes_received = 0
         for msg in replies:
             agent = self.node_agents.get(msg.metadata.src_node_id)
             if agent is None or agent not in self._asked:
@@ -109,6 +121,7 @@ class FederationStrategy(Strategy):
                 failures[agent] = f"client error: {msg.error.reason}"
                 continue
             try:
+                self._bytes_received += record_bytes(msg.content["arrays"])
                 arrays = {name: array.numpy() for name, array in msg.content["arrays"].items()}
                 metrics = {k: float(v) for k, v in msg.content["metrics"].items()} if "metrics" in msg.content else {}
                 counters = arrays.pop("stream-counters")
@@ -126,7 +139,8 @@ class FederationStrategy(Strategy):
         """Check the replies and run the algorithm's server side on the model."""
         parsed = self._parse(replies)
         outcome = self.protocol.server_update(parsed, self.min_train_nodes)
-        self.last_round = {**outcome, "replies": len(parsed.replies), "failures": dict(parsed.failures)}
+        self.last_round = {**outcome, "replies": len(parsed.replies), "failures": dict(parsed.failures),
+                           "bytes_sent": self._bytes_sent, "bytes_received": self._bytes_received}
         trajectories = [r.metrics.get("num-trajectories", 0.0) for r in parsed.replies.values()]
         metrics = MetricRecord({"num-replies": len(parsed.replies), "num-failures": len(parsed.failures),
                                 "num-trajectories": float(sum(trajectories)), "skipped": int(bool(outcome["skipped"]))})
@@ -251,6 +265,7 @@ def run_federation(
     callback: Any = None,
     progress_bar: bool = False,
     log_interval: int = 1,
+    round_stats: list[dict[str, Any]] | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds over ``grid``; returns the trained model.
 
@@ -269,6 +284,8 @@ def run_federation(
     :param callback: SB3 callback(s) of ``learn``
     :param progress_bar: show ``learn``'s progress bar
     :param log_interval: rounds between logger dumps
+    :param round_stats: a list that receives one dict per round: the Strategy's ``last_round``
+        (replies, failures, bytes sent and received) and ``seconds`` (wall time of the round)
     """
     num_rounds = _check_count("num_rounds", num_rounds)
     if checkpoint_path is not None and pathlib.Path(checkpoint_path).is_file():
@@ -286,6 +303,7 @@ def run_federation(
     strategy.summary()
 
     def flower_round() -> None:
+        started = time.perf_counter()
         server_round = int(model.rounds_done) + 1
         replies = grid.send_and_receive(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord(), grid), timeout=round_timeout)
         strategy.aggregate_train(server_round, replies)
@@ -296,6 +314,10 @@ def run_federation(
                 model.logger.record("flower/eval_return", float(result["return"]))
         model.logger.record("flower/replies", strategy.last_round.get("replies", 0))
         model.logger.record("flower/failures", len(strategy.last_round.get("failures", {})))
+        model.logger.record("flower/bytes_sent", strategy.last_round.get("bytes_sent", 0))
+        model.logger.record("flower/bytes_received", strategy.last_round.get("bytes_received", 0))
+        if round_stats is not None:
+            round_stats.append({**strategy.last_round, "round": server_round, "seconds": time.perf_counter() - started})
 
     callbacks = [] if callback is None else (list(callback) if isinstance(callback, list) else [callback])
     if checkpoint_path is not None:

@@ -45,6 +45,7 @@ def simulate(
     progress_bar: bool = False,
     client_mods: Sequence[Callable] | None = None,
     verbose: bool = False,
+    round_stats: list[dict[str, Any]] | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds through Flower's simulation engine and return it.
 
@@ -70,6 +71,7 @@ def simulate(
     :param progress_bar: show a progress bar
     :param client_mods: Flower client mods around every ClientApp call
     :param verbose: Flower's and Ray's own logs
+    :param round_stats: a list receiving one dict per round (see :func:`~fedrl_algos.flower.run_federation`)
     :return: the trained model
     """
     from flwr.simulation import run_simulation
@@ -95,6 +97,7 @@ def simulate(
             outcome["model"] = run_federation(
                 model, grid, num_rounds, round_timeout=round_timeout, min_train_nodes=min_train_nodes,
                 checkpoint_path=checkpoint_path, eval_trajectories=eval_trajectories, callback=callback, progress_bar=progress_bar,
+                round_stats=round_stats,
             )
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
