@@ -290,12 +290,19 @@ def test_score_baseline_reduces_variance():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("m", [2, 20])
-def test_loo_adaptation_gradient_unbiased_and_lower_variance(m):
+@pytest.mark.parametrize(("m", "trained"), [(2, False), (20, False), (20, True)])
+def test_loo_adaptation_gradient_unbiased_and_lower_variance(m, trained):
+    """Mean against the exact ∇J (z-scores) and variance against the paper's estimator, on the same batches.
+
+    ``trained``: θ after 20 exact gradient-ascent steps (J ≈ 4.3, where returns share a large
+    common level and a baseline pays off); otherwise a random θ (J ≈ 0.26).
+    """
     task = GRIDWORLD.make_params(agent=1, horizon=15)
     policy = TabularPolicy(spaces.Discrete(25), spaces.Discrete(4), dtype=DT)
     evaluator = TabularEvaluator(GRIDWORLD, GAMMA, tasks=[task])
     theta = random_theta(100, 40, 0.5)
+    for _ in range(20 if trained else 0):
+        theta = theta + 3.0 * evaluator.grads(theta)[0]
     exact = evaluator.grads(theta)[0]
     n = 20000 if m == 2 else 4000
     rows = theta.expand(n, -1).contiguous()
@@ -305,12 +312,15 @@ def test_loo_adaptation_gradient_unbiased_and_lower_variance(m):
     assert torch.equal(adaptation_gradient(policy, rows, traj, GAMMA, None), plain)
     assert z_scores(plain, exact).abs().max() < 4.5
     assert z_scores(loo, exact).abs().max() < 4.5
-    # the biased "mean" baseline is detectably biased at m = 2 (it scales the estimate by (m-1)/m)
-    if m == 2:
-        mean = adaptation_gradient(policy, rows, traj, GAMMA, "mean")
-        assert torch.allclose(mean, loo / 2, atol=1e-12)
+    if m == 2:  # the biased "mean" baseline halves the leave-one-out estimate at m = 2
+        assert torch.allclose(adaptation_gradient(policy, rows, traj, GAMMA, "mean"), loo / 2, atol=1e-12)
     ratio = float(loo.var(0).sum() / plain.var(0).sum())
-    assert ratio < (0.8 if m == 20 else 1.0), ratio
+    print(f"m={m} trained={trained}: variance ratio loo/plain {ratio:.3f}, "
+          f"max |z| plain {float(z_scores(plain, exact).abs().max()):.2f}, loo {float(z_scores(loo, exact).abs().max()):.2f}")
+    # One other trajectory is a noisy baseline (m = 2: the variance grows); at m = 20 it reduces it,
+    # a little at a random θ (measured 0.92) and several-fold at a trained one (measured 0.32).
+    bound = {(2, False): (1.0, math.inf), (20, False): (0.0, 1.0), (20, True): (0.0, 0.5)}[(m, trained)]
+    assert bound[0] < ratio < bound[1], ratio
 
 
 def test_check_adaptation_baseline():
@@ -353,3 +363,55 @@ def test_same_seed_bitwise_and_batched_equals_looped():
     sampler = KernelSampler(GRIDWORLD, params, policy, RandomStreams(keys))
     sampler(thetas, 5)
     assert torch.equal(got, policy_gradient(policy, thetas, sampler(thetas, 4), GAMMA))
+
+
+# ------------------------------------------------------------------------------------------------
+# PerFedAvgPG(objective=..., adaptation_baseline=...)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_per_fedavg_pg_options_default_persist_and_reproduce():
+    import io
+
+    from fedrl_algos import PerFedAvgPG
+    from fedrl_algos.per_fedavg_pg import ExactMetaGradient
+
+    default = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu")
+    assert default.objective == "paper" and default.adaptation_baseline is None
+    assert type(default.estimator) is ExactMetaGradient and default.estimator.inner_baseline is None
+
+    def make():
+        return PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", alpha=2.0, step_size=0.3, m_in=6, m_out=4, seed=1,
+                           device="cpu", objective="debiased", adaptation_baseline="loo")
+
+    model = make()
+    assert isinstance(model.estimator, DebiasedMetaGradient) and model.estimator.inner_baseline == "loo"
+    assert model.trajectories_per_round == model.local_steps * 10  # no Hessian batch
+    model.learn(total_rounds=2)
+    again = make().learn(total_rounds=2)
+    assert torch.equal(model.theta, again.theta)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    loaded = PerFedAvgPG.load(buffer, device="cpu")
+    assert (loaded.objective, loaded.adaptation_baseline) == ("debiased", "loo")
+    assert isinstance(loaded.estimator, DebiasedMetaGradient) and loaded.estimator.inner_baseline == "loo"
+    # adapt: "auto" is the model's baseline; None is the paper's step
+    auto = loaded.adapt(3, n_trajectories=20, seed=5).theta
+    assert torch.equal(auto, loaded.adapt(3, n_trajectories=20, seed=5, baseline="loo").theta)
+    assert not torch.equal(auto, loaded.adapt(3, n_trajectories=20, seed=5, baseline=None).theta)
+    assert torch.equal(default.adapt(3, n_trajectories=20, seed=5).theta, default.adapt(3, n_trajectories=20, seed=5, baseline=None).theta)
+    with pytest.raises(ValueError, match="baseline"):
+        loaded.adapt(3, n_trajectories=20, baseline="gpomdp")
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"objective": "maml"}, "objective"),
+    ({"objective": "debiased", "variant": "first_order"}, "variant"),
+    ({"adaptation_baseline": "gpomdp"}, "adaptation_baseline"),
+])
+def test_per_fedavg_pg_rejects_bad_options(kwargs, match):
+    from fedrl_algos import PerFedAvgPG
+
+    with pytest.raises(ValueError, match=match):
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu", **kwargs)
