@@ -415,3 +415,45 @@ def test_per_fedavg_pg_rejects_bad_options(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------
+# the few-shot experiment's options
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fewshot_masked_adaptation_step_with_baseline_equals_the_m_trajectory_step():
+    """adapt_one_step's rows of count m (masking + rescaling) are exactly the m-trajectory LOO step."""
+    from fedrl_algos.reproduce import neural
+
+    policy = neural.arc_policy("cpu", dtype=DT)
+    task = neural.ARC_NAVIGATION.heldout_tasks[0]
+    params = index_params(stack_params([task]), torch.zeros(2, dtype=torch.int64))
+    theta = policy.theta.detach().expand(2, -1).contiguous()
+    keys = derive_keys(11, torch.arange(2))
+    got = neural.adapt_one_step(policy, neural.ARC_NAVIGATION, params, theta, RandomStreams(keys), [5, 20], 1.0, "loo")
+    traj = neural.fast_rollout(neural.ARC_NAVIGATION, params, policy, theta, RandomStreams(keys), 20)
+    first5 = Trajectories(*(x[:, :5] for x in traj))
+    want5 = theta[0] + adaptation_gradient(policy, theta, first5, GAMMA, "loo")[0]
+    want20 = theta[1] + adaptation_gradient(policy, theta, traj, GAMMA, "loo")[1]
+    assert torch.allclose(got[0], want5, atol=1e-12) and torch.allclose(got[1], want20, atol=1e-12)
+
+
+def test_fewshot_cli_objective_and_baseline_flags(tmp_path):
+    import json
+
+    from fedrl_algos.cli import main
+    from fedrl_algos.reproduce.neural import FewShotConfig
+
+    code = main(["reproduce", "fewshot", "--quick", "--seeds", "1", "--objective", "debiased", "--adaptation-baseline", "loo",
+                 "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    payload = json.loads((tmp_path / "fewshot" / "results.json").read_text())
+    assert payload["settings"]["objective"] == "debiased" and payload["settings"]["adaptation_baseline"] == "loo"
+    assert {r["method"] for r in payload["records"]} == {"meta_init", "from_scratch", "random"}
+    assert all(math.isfinite(r["return"]) for r in payload["records"])
+    assert "Beyond the paper" in (tmp_path / "fewshot" / "report.md").read_text()
+    with pytest.raises(ValueError, match="objective"):
+        FewShotConfig(objective="maml")
+    with pytest.raises(ValueError, match="adaptation_baseline"):
+        FewShotConfig(adaptation_baseline="gpomdp")
