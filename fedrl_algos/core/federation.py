@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
+from fedrl_algos.core.adaptation import adaptation_gradient
 from fedrl_algos.core.aggregation import OnReject, UpdateCheck, aggregate_valid
 from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
 from fedrl_algos.core.directions import GradientEstimator, local_update
 from fedrl_algos.core.env_sampling import EnvSampler
-from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import TaskFamily, index_params
@@ -346,19 +346,21 @@ class Federation:
         traj = self.eval_sampler(theta, n_trajectories)
         return traj.returns(self.gamma).mean(-1)
 
-    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int) -> torch.Tensor:
+    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int, baseline: str | None = None) -> torch.Tensor:
         """One policy-gradient adaptation step per agent from the evaluation streams: ``[R, n, d]``.
 
         :param theta: shared ``[R, d]`` or per-agent ``[R, n, d]`` parameters
         :param alpha: adaptation step size
         :param n_trajectories: trajectories of the step (0 returns ``theta`` per agent)
+        :param baseline: baseline of the adaptation gradient (:mod:`fedrl_algos.core.adaptation`;
+            ``None``: the paper's eq. (2))
         """
         if theta.dim() == 2:
             theta = self.broadcast(theta)
         if alpha == 0 or n_trajectories == 0:
             return theta
         traj = self.eval_sampler(theta, n_trajectories)
-        return theta + alpha * policy_gradient(self.policy, theta, traj, self.gamma)
+        return theta + alpha * adaptation_gradient(self.policy, theta, traj, self.gamma, baseline)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -423,6 +425,7 @@ def adapt_with_sampler(
     steps: int = 1,
     step_size: float = 1.0,
     gamma: float = 0.9,
+    baseline: str | None = None,
 ) -> tuple[torch.Tensor, list[Trajectories]]:
     """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps (eq. (2)) drawn from ``sampler``.
 
@@ -433,12 +436,14 @@ def adapt_with_sampler(
     :param steps: number of steps
     :param step_size: step size α
     :param gamma: discount
+    :param baseline: baseline of the adaptation gradient: ``None`` (eq. (2)), ``"loo"`` (unbiased
+        leave-one-out time-dependent mean) or ``"mean"`` (:mod:`fedrl_algos.core.adaptation`)
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """
     used = []
     for _ in range(steps):
         traj = sampler(theta, n_trajectories)
-        theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
+        theta = theta + step_size * adaptation_gradient(policy, theta, traj, gamma, baseline)
         used.append(traj)
     return theta, used
 

@@ -15,7 +15,9 @@ from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_r
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
+from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
+from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.core import check_int
@@ -23,6 +25,7 @@ from fedrl_envs.core import check_int
 __all__ = ["PerFedAvgPG"]
 
 _VARIANTS = ("exact", "first_order")
+_OBJECTIVES = ("paper", "debiased")
 
 
 class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
@@ -73,6 +76,15 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         Gymnasium env's ``max_episode_steps − 1``)
     :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
+    :param objective: ``"paper"`` (default): eq. (5), ``F_i(θ) = J_i(θ + α∇J_i(θ))``, estimated by
+        ``variant``; ``"debiased"``: SG-MRL's stochastic-adaptation objective
+        ``E_{D_in}[J_i(θ + α ĝ_in(D_in))]`` with its unbiased meta-gradient
+        (:class:`~fedrl_algos.per_fedavg_pg.debiased.DebiasedMetaGradient`; needs
+        ``variant="exact"``, draws no Hessian batch: m_in + m_out trajectories per step)
+    :param adaptation_baseline: baseline of every adaptation gradient ĝ_in — the inner step of
+        training, the logged evaluation and :meth:`adapt`: ``None`` (default, the paper's eq. (2)),
+        ``"loo"`` (time-dependent mean reward-to-go of the other trajectories of the batch;
+        unbiased, lower variance) or ``"mean"`` (including the trajectory itself; biased by O(1/m))
     :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
         accepted with a ``DeprecationWarning`` for one release
 
@@ -112,6 +124,8 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         n_agents: int | None = None,
         horizon: int | None = None,
         normalize_observations: bool = False,
+        objective: str = "paper",
+        adaptation_baseline: str | None = None,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -119,7 +133,16 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         step_size, local_steps = renamed.get("step_size", step_size), renamed.get("local_steps", local_steps)
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+        if objective not in _OBJECTIVES:
+            raise ValueError(f"objective must be one of {_OBJECTIVES}, got {objective!r}")
+        if objective == "debiased" and variant != "exact":
+            raise ValueError(
+                "objective='debiased' needs variant='exact' (its first-order estimator, ĝ_out alone, is the same "
+                f"as the paper objective's variant='first_order'), got variant={variant!r}"
+            )
         self.variant = variant
+        self.objective = objective
+        self.adaptation_baseline = check_adaptation_baseline(adaptation_baseline)
         self.alpha = check_step_size("alpha", alpha)
         self.step_size = check_step_size("step_size", step_size)
         self.local_steps = check_int("local_steps", local_steps)
@@ -156,9 +179,14 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
+        # Files saved before these options existed hold neither attribute: the paper's defaults.
+        baseline = self.__dict__.get("adaptation_baseline")
+        if self.__dict__.get("objective", "paper") == "debiased":
+            return DebiasedMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
         if self.variant == "exact":
-            return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk)
-        return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out)
+            return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk,
+                                     inner_baseline=baseline)
+        return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "estimator"]
@@ -179,6 +207,10 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     def adaptation_step_size(self) -> float:
         return self.alpha
 
+    @property
+    def default_adaptation_baseline(self) -> str | None:
+        return self.__dict__.get("adaptation_baseline")
+
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
         control = self.control_state
@@ -192,4 +224,4 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     def evaluate_round(self) -> dict[str, float]:
         """Exact ``F`` (post-adaptation) and ``f`` (pre) for tabular families; Monte Carlo
         pre/post-adaptation returns when ``eval_trajectories > 0``."""
-        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories)
+        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories, self.default_adaptation_baseline)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
 from fedrl_algos.core.aggregation import OnReject
 from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
@@ -26,17 +27,23 @@ __all__ = ["ExactMetaGradient", "FirstOrderMetaGradient", "per_fedavg_pg_round"]
 
 
 class _MetaBase(GradientEstimator):
-    """What both meta-gradients share: the inner adaptation step and the outer gradient."""
+    """What the meta-gradients share: the inner adaptation step and the outer gradient.
 
-    def __init__(self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int) -> None:
+    ``inner_baseline`` is the baseline of ĝ_in (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2)).
+    """
+
+    def __init__(
+        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int, inner_baseline: str | None = None
+    ) -> None:
         super().__init__(policy, gamma)
         self.alpha = check_step_size_or_tensor("alpha", alpha)
         self.m_in = check_int("m_in", m_in)
         self.m_out = check_int("m_out", m_out)
+        self.inner_baseline = check_adaptation_baseline(inner_baseline, "inner_baseline")
 
     def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
-        g_in = policy_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma)
+        g_in = adaptation_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma, self.inner_baseline)
         return theta + scale(self.alpha, g_in)
 
     def outer_gradient(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
@@ -75,14 +82,16 @@ class ExactMetaGradient(_MetaBase):
     :param m_h: Hessian batch
     :param m_out: outer batch
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product
+    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``: :mod:`fedrl_algos.core.adaptation`)
     """
 
     name = "exact"
 
     def __init__(
-        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100
+        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100,
+        inner_baseline: str | None = None,
     ) -> None:
-        super().__init__(policy, gamma, alpha, m_in, m_out)
+        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline)
         self.m_h = check_int("m_h", m_h)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
 

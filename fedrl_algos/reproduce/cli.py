@@ -63,7 +63,10 @@ def _print_estimates(names: list[str], configs: dict[str, Any], seeds: int, quic
 def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
     """The flags that set a config field, by flag: ``(field, value)``, ``value`` ``None`` when not given."""
     return {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
-            "--no-sweeps": ("sweeps", False if args.no_sweeps else None), "--attacks": ("attacks", args.attacks)}
+            "--no-sweeps": ("sweeps", False if args.no_sweeps else None), "--attacks": ("attacks", args.attacks),
+            "--objective": ("objective", args.objective),
+            # "none" is the config's default (None), so it sets nothing
+            "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline)}
 
 
 def _attack_list(text: str) -> tuple[str, ...]:
@@ -153,5 +156,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
                         help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
                         "(default none,random_noise,sign_flip)")
+    parser.add_argument("--objective", choices=["paper", "debiased"], default=None,
+                        help="fewshot: meta-training objective, the paper's first-order variant (default) or SG-MRL's debiased "
+                        "E[J(θ + α ĝ_in)] with its unbiased meta-gradient (beyond the paper)")
+    parser.add_argument("--adaptation-baseline", choices=["none", "loo", "mean"], default=None,
+                        help="fewshot: baseline of the adaptation gradient (meta-training's inner step and the held-out step): "
+                        "none (the paper's, default), loo (leave-one-out time-dependent mean reward-to-go, unbiased) or mean")
     parser.set_defaults(func=cmd_reproduce)
 
