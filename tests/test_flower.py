@@ -306,3 +306,49 @@ def test_deployment_matches_learn_and_refuses_unregistered_supernodes(tmp_path):
     reference = make().learn(total_rounds=2)
     assert trained.rounds_done == 2
     assert torch.equal(trained.theta, reference.theta)
+
+
+# --- Flower's robust strategies in place of FedPG-BR's filter -----------------------------------
+
+
+def test_flower_aggregators_apply_flowers_rules():
+    from fedrl_algos.flower.robust import flower_aggregator
+
+    honest = torch.tensor([[1.0, 0.0], [1.1, 0.1], [0.9, -0.1], [1.0, 0.05]], dtype=torch.float64)
+    grads = torch.cat([honest, torch.tensor([[-50.0, 40.0]], dtype=torch.float64)]).unsqueeze(0)  # [1, 5, 2]
+    usable = torch.ones(1, 5, dtype=torch.bool)
+    mu, kept = flower_aggregator("krum", num_malicious_nodes=1)(grads, usable)
+    assert int(kept.sum()) == 1 and not bool(kept[0, 4])
+    mu, kept = flower_aggregator("multikrum", num_malicious_nodes=1)(grads, usable)
+    assert kept[0].tolist() == [True, True, True, True, False]
+    assert torch.allclose(mu[0], honest.mean(0))
+    mu, _ = flower_aggregator("fedmedian")(grads, usable)
+    assert torch.equal(mu[0], torch.as_tensor(np.median(grads[0].numpy(), axis=0)))
+    unusable = usable.clone()
+    unusable[0, 0] = False
+    _, kept = flower_aggregator("fedtrimmedavg", beta=0.2)(grads, unusable)
+    assert kept[0].tolist() == [False, True, True, True, True]
+    with pytest.raises(ValueError, match="name must be one of"):
+        flower_aggregator("bulyan")
+
+
+def test_robust_comparison_runs_through_the_flower_round():
+    from fedrl_algos.flower.robust import comparison_table, gridworld_comparison
+
+    records = gridworld_comparison(attacks=("sign_flip",), aggregators=("fedpg_br", "multikrum"), seeds=(0,), rounds=3)
+    assert [(r["attack"], r["aggregator"]) for r in records] == [("sign_flip", "fedpg_br"), ("sign_flip", "multikrum")]
+    assert all(0.0 < r["score"] < 10.0 for r in records)
+    assert "| sign_flip |" in comparison_table(records)
+    # The filter's run is the plain FedPG-BR federation's in-process result.
+    reference = FedPGBR("TabularPolicy", GRID, step_size=0.5, batch_range=(4, 6), seed=0, device="cpu",
+                        byzantine_agents=[5, 6, 7], attack="sign_flip").learn(total_rounds=3)
+    assert records[0]["score"] == pytest.approx(float(reference.evaluator.returns(reference.theta.to(torch.float64)).mean()), abs=0)
+
+
+def test_cli_app_writes_a_runnable_app(tmp_path, capsys):
+    from fedrl_algos.cli import main
+
+    assert main(["flower", "app", str(tmp_path / "app"), "--algo", "per_fedavg_pg", "--model", str(tmp_path / "m.zip"), "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "flower-superlink" in out and "partition-id=7" in out
+    assert (tmp_path / "app" / "pyproject.toml").is_file() and (tmp_path / "m.zip").is_file()

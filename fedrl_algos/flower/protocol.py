@@ -439,6 +439,11 @@ class FedPGBRProtocol(RoundProtocol):
 
     algorithms = ("FedPGBR",)
 
+    def __init__(self, model: Any, aggregate: Any = None) -> None:
+        super().__init__(model)
+        #: a robust aggregation replacing FedPG-BR's filter (:func:`fedrl_algos.flower.robust.flower_aggregator`); ``None``: the filter
+        self.aggregate = aggregate
+
     def agent_streams(self, federation: Federation) -> list[RandomStreams]:
         noise = federation.__dict__.get("_flower_noise_streams")
         if noise is None:
@@ -484,7 +489,8 @@ class FedPGBRProtocol(RoundProtocol):
         if not check.all_valid:
             grads = torch.where(check.valid.unsqueeze(-1), grads, torch.full_like(grads, float("nan")))  # server_phase rejects them
         new_theta, info = model.update.server_phase(
-            theta, grads, spread, returns, env_steps, batch, uniform, model.server_sampler, model.optimizer_state, self._merged_reject(check)
+            theta, grads, spread, returns, env_steps, batch, uniform, model.server_sampler, model.optimizer_state, self._merged_reject(check),
+            aggregate=self.aggregate,
         )
         model._store_server_state(info["optimizer_state"])
         model.policy.theta.data.copy_(new_theta[0])

@@ -73,11 +73,14 @@ class FederationStrategy(Strategy):
     #: the algorithm classes this strategy serves
     algorithms: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, model: Any, agent_nodes: dict[int, int], min_train_nodes: int | None = None, eval_trajectories: int = 0) -> None:
+    def __init__(
+        self, model: Any, agent_nodes: dict[int, int], min_train_nodes: int | None = None, eval_trajectories: int = 0,
+        protocol: RoundProtocol | None = None,
+    ) -> None:
         if self.algorithms and type(model).__name__ not in self.algorithms:
             raise TypeError(f"{type(self).__name__} serves {', '.join(self.algorithms)}, got {type(model).__name__}")
         self.model = model
-        self.protocol: RoundProtocol = protocol_for(model)
+        self.protocol: RoundProtocol = protocol if protocol is not None else protocol_for(model)
         n = int(model.n_agents)
         missing = sorted(set(range(n)) - set(agent_nodes))
         if missing:
@@ -190,9 +193,24 @@ class MFPOStrategy(FederationStrategy):
 
 class FedPGBRStrategy(FederationStrategy):
     """FedPG-BR: agents report gradients and spreads; the server filters Byzantine reports and runs
-    the SCSG loop on its own environment."""
+    the SCSG loop on its own environment.
+
+    :param aggregator: ``None`` (FedPG-BR's filter) or a Flower strategy's robust aggregation in its
+        place: ``"krum"``, ``"multikrum"``, ``"fedmedian"``, ``"fedtrimmedavg"``
+        (:func:`~fedrl_algos.flower.robust.flower_aggregator`)
+    :param num_malicious_nodes: f of (Multi)Krum (default: the model's Byzantine agents)
+    """
 
     algorithms = ("FedPGBR",)
+
+    def __init__(self, model: Any, agent_nodes: dict[int, int], aggregator: str | None = None, num_malicious_nodes: int | None = None,
+                 **kwargs: Any) -> None:
+        from fedrl_algos.flower.protocol import FedPGBRProtocol
+        from fedrl_algos.flower.robust import flower_aggregator
+
+        f = len(model.byzantine_agents) if num_malicious_nodes is None else _check_count("num_malicious_nodes", num_malicious_nodes)
+        aggregate = None if aggregator is None else flower_aggregator(aggregator, f)
+        super().__init__(model, agent_nodes, protocol=FedPGBRProtocol(model, aggregate), **kwargs)
 
 
 _STRATEGIES = (PerFedAvgPGStrategy, FedAvgPGStrategy, IndependentPGStrategy, MFPOStrategy, FedPGBRStrategy)
@@ -266,6 +284,7 @@ def run_federation(
     progress_bar: bool = False,
     log_interval: int = 1,
     round_stats: list[dict[str, Any]] | None = None,
+    strategy_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds over ``grid``; returns the trained model.
 
@@ -286,6 +305,7 @@ def run_federation(
     :param log_interval: rounds between logger dumps
     :param round_stats: a list that receives one dict per round: the Strategy's ``last_round``
         (replies, failures, bytes sent and received) and ``seconds`` (wall time of the round)
+    :param strategy_kwargs: more keyword arguments of the algorithm's Strategy (e.g. FedPG-BR's ``aggregator``)
     """
     num_rounds = _check_count("num_rounds", num_rounds)
     if checkpoint_path is not None and pathlib.Path(checkpoint_path).is_file():
@@ -299,7 +319,7 @@ def run_federation(
     if rounds_left <= 0:
         return model
     agent_nodes = discover_agents(grid, int(model.n_agents), node_timeout)
-    strategy = strategy_for(model, agent_nodes, min_train_nodes=min_train_nodes, eval_trajectories=eval_trajectories)
+    strategy = strategy_for(model, agent_nodes, min_train_nodes=min_train_nodes, eval_trajectories=eval_trajectories, **(strategy_kwargs or {}))
     strategy.summary()
 
     def flower_round() -> None:

@@ -46,6 +46,7 @@ def simulate(
     client_mods: Sequence[Callable] | None = None,
     verbose: bool = False,
     round_stats: list[dict[str, Any]] | None = None,
+    strategy_kwargs: dict[str, Any] | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds through Flower's simulation engine and return it.
 
@@ -72,6 +73,8 @@ def simulate(
     :param client_mods: Flower client mods around every ClientApp call
     :param verbose: Flower's and Ray's own logs
     :param round_stats: a list receiving one dict per round (see :func:`~fedrl_algos.flower.run_federation`)
+    :param strategy_kwargs: more keyword arguments of the algorithm's Strategy (FedPG-BR: ``aggregator``,
+        ``num_malicious_nodes``; see :class:`~fedrl_algos.flower.FedPGBRStrategy`)
     :return: the trained model
     """
     from flwr.simulation import run_simulation
@@ -97,7 +100,7 @@ def simulate(
             outcome["model"] = run_federation(
                 model, grid, num_rounds, round_timeout=round_timeout, min_train_nodes=min_train_nodes,
                 checkpoint_path=checkpoint_path, eval_trajectories=eval_trajectories, callback=callback, progress_bar=progress_bar,
-                round_stats=round_stats,
+                round_stats=round_stats, strategy_kwargs=strategy_kwargs,
             )
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
