@@ -47,6 +47,10 @@ def _models():
         "independent_pg": lambda: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu"),
         "mfpo": lambda: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=4, initial_trajectories=8),
         "fedpg_br": lambda: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", byzantine_agents=[3, 5], attack="sign_flip"),
+        # a Gymnasium id (not a fedrl family): each agent's environments are rebuilt on its client
+        # and their random state travels with the messages
+        "mfpo_gymnasium": lambda: MFPO("MlpPolicy", "CartPole-v1", n_agents=3, seed=1, device="cpu", local_steps=2,
+                                       n_trajectories=3, initial_trajectories=4, horizon=40, eval_trajectories=0),
     }
 
 
@@ -55,14 +59,17 @@ def _params(model) -> torch.Tensor:
 
 
 def _round_by_halves(server, workers, faults=None, min_replies=1):
-    """One round assembled from the protocol's halves, as a Strategy does it (no Flower)."""
-    protocol = protocol_for(server)
+    """One round assembled from the protocol's halves, as a Strategy does it (no Flower); the
+    protocol lives as long as the server model, as a Strategy's does for a run."""
+    protocol = server.__dict__.setdefault("_test_protocol", protocol_for(server))
     asked = protocol.participants()
     got, failures = {}, {}
     for agent in asked:
         arrays, config = protocol.train_message(agent)
         reply = protocol.agent_round(workers[agent], arrays, config, workers[agent].state)
         protocol.store_counters(agent, reply.arrays.pop("stream-counters"))
+        if "env-state" in reply.arrays:
+            protocol.store_env_state(agent, reply.arrays.pop("env-state"))
         fault = (faults or {}).get(agent)
         if fault == "raise":
             failures[agent] = "client error: boom"
@@ -163,9 +170,12 @@ def test_unsupported_federations_are_refused():
     colluding = FedPGBR("TabularPolicy", GRID, seed=0, device="cpu", byzantine_agents=[1], attack="fedscspg")
     with pytest.raises(ValueError, match="pools"):
         protocol_for(colluding).train_message(0)
-    generic = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=2, seed=0, device="cpu", horizon=20)
-    with pytest.raises(ValueError, match="Gymnasium env"):
-        AgentWorker(generic, 0)
+    sampled = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=3, seed=0, device="cpu", horizon=20, agents_per_round=2)
+    with pytest.raises(ValueError, match="agents_per_round with a Gymnasium-env federation"):
+        protocol_for(sampled)
+    normalized = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=2, seed=0, device="cpu", horizon=20, normalize_observations=True)
+    with pytest.raises(ValueError, match="normalize_observations"):
+        AgentWorker(normalized, 0)
     with pytest.raises(ValueError, match="num_supernodes"):
         simulate(_models()["per_fedavg_pg"](), 1, num_supernodes=3)
     with pytest.raises(ValueError, match="agent must be"):
@@ -191,7 +201,7 @@ def test_app_directory_is_a_valid_flower_app(tmp_path):
 # --- Flower's simulation engine -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3)])
+@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3), ("mfpo_gymnasium", 2)])
 def test_simulation_equals_learn(name, rounds):
     make = _models()[name]
     reference = make().learn(total_rounds=rounds)

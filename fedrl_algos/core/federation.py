@@ -140,7 +140,7 @@ class Federation:
     @classmethod
     def from_env(
         cls, env: Any, policy: Any, seed: int | Any, gamma: float, horizon: int | None = None, eval_env: Any = None,
-        normalizer: Any = None,
+        normalizer: Any = None, agent_ids: Any = None,
     ) -> Federation:
         """A federation over the agents of a :class:`~fedrl_wrappers.FederatedVecEnv` (any backend).
 
@@ -152,13 +152,15 @@ class Federation:
         :param horizon: last time index H (default: the env's ``max_episode_steps − 1``)
         :param eval_env: a separate env for evaluation rollouts (default: ``env``)
         :param normalizer: observation normalizer
+        :param agent_ids: the agents' indices in the whole federation (see the class), for an env
+            that holds only some of its agents
         """
         # One run (an int seed): the envs' first reset is seeded by it. Seeds of several runs: the env
         # holds every run's agents, each seeded from its own stream id when the env was made.
         reset_seed = int(seed) if isinstance(seed, int) else None
         seeds = torch.as_tensor(seed, dtype=torch.int64).reshape(-1)
         return cls(None, None, policy, seeds, gamma, env=env, eval_env=eval_env, horizon_override=horizon, normalizer=normalizer,
-                   env_reset_seed=reset_seed)
+                   env_reset_seed=reset_seed, agent_ids=agent_ids)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """Random-stream state of every consumer (training, server sampling, evaluation)."""

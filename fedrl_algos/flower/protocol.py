@@ -18,6 +18,7 @@ exactly, and a Flower round equals the in-process round bit for bit on CPU.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -32,6 +33,7 @@ from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.optim import adam_ascent
 from fedrl_envs.core import index_params, params_to
 from fedrl_envs.rng import RandomStreams
+from fedrl_wrappers import FederatedVecEnv
 
 __all__ = [
     "AgentReply",
@@ -39,6 +41,8 @@ __all__ = [
     "AgentWorker",
     "RoundProtocol",
     "agent_federation",
+    "env_random_state",
+    "set_env_random_state",
     "protocol_for",
     "SUPPORTED_ALGORITHMS",
 ]
@@ -60,24 +64,71 @@ class AgentReply:
 
 def agent_federation(model: Any, agent: int) -> Federation:
     """The one-agent slice of ``model``'s federation that a Flower client samples with: agent
-    ``agent``'s task, the model's policy, and the random streams of ``(seed, agent)``.
+    ``agent``'s task (a fedrl family's parameters, or its ``gym.make`` kwargs and environments
+    seeded as in the whole federation), the model's policy, and the random streams of ``(seed, agent)``.
 
-    :param model: a fedrl federation of a task family (not a Gymnasium-env federation)
+    :param model: a fedrl federation (a task family, or a Gymnasium id with sync vectorization)
     :param agent: the agent's index
     """
-    if model.is_generic:
-        raise ValueError(
-            f"Flower runs federations of fedrl task families; {model.env_id} is a Gymnasium env "
-            "(its episodes live in per-process env objects that a stateless client cannot resume)"
-        )
     if model.__dict__.get("normalize_observations", False):
         raise ValueError("normalize_observations pools observation moments over every agent in-process; it is not supported on Flower")
     index = torch.tensor([int(agent)])
+    if model.is_generic:
+        layout = model.__dict__.get("generic_env_layout") or {}
+        if (layout.get("vectorization_mode") or "sync") != "sync":
+            raise ValueError(f"Flower runs Gymnasium-env federations with vectorization_mode='sync' (their environments' random "
+                             f"state travels with the messages), got {layout.get('vectorization_mode')!r}")
+        env = FederatedVecEnv(model.env_id, int(layout.get("n_envs", 1)), agent_kwargs=[dict(model.agent_kwargs[int(agent)])],
+                              autoreset=False, seed=model.seed, device=model.device, vectorization_mode="sync", stream_ids=[int(agent)])
+        return Federation.from_env(env, model.policy, model.seed, model.gamma, model.horizon, agent_ids=index)
     params = index_params(params_to(model.agent_params, model.device), index.to(model.device))
     return Federation(
         model.family, params, model.policy, torch.tensor([model.seed]), model.gamma, horizon_override=model.horizon,
         stop_when_done=model.stop_rollouts_when_done, agent_ids=index,
     )
+
+
+def env_random_state(federation: Federation, row: int) -> dict[str, Any] | None:
+    """The random state of agent row ``row``'s Gymnasium environments in an env-backed federation
+    (whether its first seeded reset happened, and each sub-environment's ``np_random`` state);
+    ``None`` for a family-backed one, whose environments are pure functions of the streams."""
+    if federation.env is None:
+        return None
+    venv = federation.env._venvs[row]
+    return {"seeded": bool(federation.sampler._reset_seed_used),
+            "np_random": [sub.np_random.bit_generator.state for sub in venv.envs] if federation.sampler._reset_seed_used else []}
+
+
+def set_env_random_state(federation: Federation, row: int, state: dict[str, Any]) -> None:
+    """Restore what :func:`env_random_state` returned into agent row ``row``'s environments."""
+    if federation.env is None:
+        return
+    venv = federation.env._venvs[row]
+    if not state.get("seeded", False):  # the next rollout makes the first, seeded reset
+        federation.sampler._reset_seed_used = False
+        return
+    if len(state["np_random"]) != len(venv.envs):
+        raise ValueError(f"env state has {len(state['np_random'])} sub-environments, the agent has {len(venv.envs)}")
+    for sub, saved in zip(venv.envs, state["np_random"], strict=True):
+        generator = np.random.Generator(getattr(np.random, saved["bit_generator"])())
+        generator.bit_generator.state = saved
+        sub.np_random = generator
+    federation.sampler._reset_seed_used = True
+    federation.env._reset_done = True
+
+
+def _encode_state(state: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(json.dumps(state).encode(), dtype=np.uint8).copy()
+
+
+def _decode_state(value: np.ndarray) -> dict[str, Any]:
+    try:
+        state = json.loads(np.asarray(value, dtype=np.uint8).tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"env-state is not valid JSON ({err})") from None
+    if not isinstance(state, dict):
+        raise ValueError("env-state must be a JSON object")
+    return state
 
 
 class AgentWorker:
@@ -180,6 +231,9 @@ class RoundProtocol(ABC):
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        #: the environments' random state of every agent of an env-backed federation, as its last
+        #: reply returned it (kept for the session: like in one process, it is not saved with the model)
+        self._env_states: dict[int, dict[str, Any]] = {}
 
     # --- streams ------------------------------------------------------------------------------
     def agent_streams(self, federation: Federation) -> list[RandomStreams]:
@@ -210,6 +264,8 @@ class RoundProtocol(ABC):
         """What the server sends agent ``agent``: arrays and config (the stream positions included)."""
         arrays, config = self._payload(agent)
         arrays["stream-counters"] = self.stream_counters(agent)
+        if self.model.is_generic:
+            arrays["env-state"] = _encode_state(self._env_states.get(agent, {"seeded": False, "np_random": []}))
         return arrays, config
 
     def agent_round(self, worker: AgentWorker, arrays: dict[str, np.ndarray], config: dict[str, Any], state: dict[str, Any]) -> AgentReply:
@@ -223,9 +279,18 @@ class RoundProtocol(ABC):
             raise ValueError(f"expected {len(streams)} stream counters, got {counters.shape[0]}")
         for s, c in zip(streams, counters, strict=True):
             _set_counters(s, np.array([c]))
+        if "env-state" in arrays:
+            set_env_random_state(worker.federation, 0, _decode_state(arrays["env-state"]))
         reply = self._agent_update(worker, arrays, config, state)
         reply.arrays["stream-counters"] = np.array([int(s.counters.reshape(-1)[0]) for s in streams], dtype=np.int64)
+        env_state = env_random_state(worker.federation, 0)
+        if env_state is not None:
+            reply.arrays["env-state"] = _encode_state(env_state)
         return reply
+
+    def store_env_state(self, agent: int, value: np.ndarray) -> None:
+        """Record agent ``agent``'s environments' advanced random state from its reply (env-backed federations)."""
+        self._env_states[agent] = _decode_state(value)
 
     @abstractmethod
     def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -281,6 +346,9 @@ class AveragingProtocol(RoundProtocol):
         super().__init__(model)
         if model.__dict__.get("control_variates", False):
             raise ValueError("control_variates (SCAFFOLD) is not supported on Flower yet; train it in one process")
+        if model.is_generic and model.__dict__.get("agents_per_round") not in (None, model.n_agents):
+            raise ValueError("agents_per_round with a Gymnasium-env federation: in one process every agent's environments step "
+                             "(masked), on Flower only the sampled agents' would; train it with all agents on Flower")
         self._mask: torch.Tensor | None = None
 
     def participants(self) -> list[int]:

@@ -129,6 +129,8 @@ class FederationStrategy(Strategy):
                 metrics = {k: float(v) for k, v in msg.content["metrics"].items()} if "metrics" in msg.content else {}
                 counters = arrays.pop("stream-counters")
                 self.protocol.store_counters(agent, counters)
+                if "env-state" in arrays:
+                    self.protocol.store_env_state(agent, arrays.pop("env-state"))
             except (KeyError, ValueError, TypeError) as err:
                 failures[agent] = f"malformed reply: {err}"
                 continue
