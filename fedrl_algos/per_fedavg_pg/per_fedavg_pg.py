@@ -14,6 +14,7 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.core.curvature import check_curvature
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
@@ -50,6 +51,11 @@ class PerFedAvgPG(FederatedAlgorithm):
     :param gamma: discount γ
     :param agents_per_round: agents sampled without replacement each round (default: all)
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product (memory/cache trade-off)
+    :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"paper"`` (eq. (3), default),
+        ``"causal"`` (Hessian of a causality-respecting surrogate with a leave-one-out per-step
+        baseline: unbiased, lower variance) or ``"lvc"`` (ProMP's low-variance curvature, **biased**);
+        see ``docs/algorithms/per_fedavg_pg.md``. ``variant="first_order"`` accepts only ``"paper"``
+        (it has no curvature term). Saved with the model; files saved without it load as ``"paper"``
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged pre/post-adaptation
         returns; default ``None``: 0 for families with an exact model (they log the exact F and f)
         and 32 otherwise (0 turns it off; the paper's evaluation uses 512). Evaluation runs only when
@@ -95,6 +101,7 @@ class PerFedAvgPG(FederatedAlgorithm):
         gamma: float = 0.9,
         agents_per_round: int | None = None,
         hvp_chunk: int = 100,
+        curvature: str = "paper",
         eval_trajectories: int | None = None,
         eval_adapt_trajectories: int = 64,
         policy_kwargs: dict[str, Any] | None = None,
@@ -121,6 +128,9 @@ class PerFedAvgPG(FederatedAlgorithm):
         self.m_h = check_int("m_h", m_h)
         self.m_out = check_int("m_out", m_out)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
+        self.curvature = check_curvature(curvature)
+        if variant == "first_order" and curvature != "paper":
+            raise ValueError(f"curvature={curvature!r} needs variant='exact' (the first-order variant has no curvature term)")
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
         super().__init__(
@@ -147,7 +157,9 @@ class PerFedAvgPG(FederatedAlgorithm):
 
     def _make_estimator(self) -> GradientEstimator:
         if self.variant == "exact":
-            return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk)
+            return ExactMetaGradient(
+                self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk, curvature=self.curvature
+            )
         return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out)
 
     def _excluded_save_params(self) -> list[str]:
