@@ -504,7 +504,8 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         # learning curves: median over seeds of the post-adaptation return against rounds
         fig, ax = plt.subplots(figsize=(5.2, 3.6))
         cmap = plt.get_cmap("viridis")
-        styles = {"paper": "-", "causal": "-.", "lvc": ":"}
+        # one estimator: colour by m_h (the paper's figure); several: colour by estimator, line style by m_h
+        dashes = ["-", "-.", ":", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1))]
         curves_of = [(e, m_h) for e in estimators for m_h in m_hs] + [(None, None)]
         for estimator, m_h in curves_of:
             recs = [r for r in output.records if r["m_h"] is None] if m_h is None else of(output.records, estimator, m_h)
@@ -515,8 +516,12 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
             if m_h is None:
                 style = dict(color="tab:green", ls="--", label="first order")
             else:
-                name = f"exact, $m_h$={m_h}" if len(estimators) == 1 else f"{estimator}, $m_h$={m_h}"
-                style = dict(color=cmap(m_hs.index(m_h) / max(1, len(m_hs) - 1)), ls=styles.get(estimator, "-"), label=name)
+                i = m_hs.index(m_h)
+                if len(estimators) == 1:
+                    style = dict(color=cmap(i / max(1, len(m_hs) - 1)), label=f"exact, $m_h$={m_h}")
+                else:
+                    style = dict(color=colors.get(estimator, "tab:blue"), ls=dashes[i % len(dashes)],
+                                 label=f"{estimator}, $m_h$={m_h}")
             ax.plot(rounds, med, marker="o", ms=3, **style)
         ax.set_xlabel("communication round")
         ax.set_ylabel("median post-adaptation return")
