@@ -468,7 +468,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         def of(recs, estimator, m_h):
             return [r for r in recs if r["m_h"] == m_h and (r.get("estimator") or "paper") == estimator]
 
-        fig, ax = plt.subplots(figsize=(5.2 + 0.6 * (len(estimators) - 1), 3.6))
+        fig, ax = plt.subplots(figsize=(5.2 + 0.6 * (len(estimators) - 1), 3.6 + 0.6 * (len(estimators) > 1)))
         gen = torch.Generator().manual_seed(0)
         for k, estimator in enumerate(estimators):
             offset = (k - (len(estimators) - 1) / 2) * width
@@ -495,7 +495,10 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         ax.set_xlabel("Hessian batch $m_h$")
         ax.set_ylabel("post-adaptation return (training goals)")
         ax.set_title("Curvature bottleneck: medians (—) and seeds (•)")
-        ax.legend(loc="upper left", fontsize=8)
+        if len(estimators) > 1:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=7)
+        else:
+            ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / "curvature.png"
