@@ -293,3 +293,25 @@ def test_curvature_config_and_cli_parsing():
     for bad, parse in (("paper,dice", _estimator_list), ("", _estimator_list), ("10,-5", _int_list), ("x", _int_list)):
         with pytest.raises(argparse.ArgumentTypeError):
             parse(bad)
+
+
+def test_reproduce_curvature_with_estimators(tmp_path):
+    from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
+
+    exp = EXPERIMENTS["curvature"]
+    config = exp.config(estimators=("paper", "causal", "lvc"), m_hs=(10,))
+    payload = run_experiment(exp, tmp_path, seeds=2, quick=True, device="cpu", progress=False, config=config)
+    records = payload["records"]
+    assert {r["estimator"] for r in records} == {"paper", "causal", "lvc", None}
+    assert {r["m_h"] for r in records} == {10, None}  # --quick keeps a chosen --m-hs
+    assert all(r["estimator"] is None for r in records if r["method"] == "first_order")
+    report = (tmp_path / "curvature" / "report.md").read_text()
+    for name in ("paper", "causal", "lvc"):
+        assert f"exact ({name} curvature), m_h=10" in report
+    assert (tmp_path / "curvature" / "curvature.png").stat().st_size > 1000
+    # the default run keeps the paper's layout: no estimator field; its paper rows equal the paper rows here
+    default = run_experiment(exp, tmp_path / "default", seeds=2, quick=True, device="cpu", progress=False,
+                             config=exp.config(m_hs=(10,)))
+    assert all("estimator" not in r for r in default["records"])
+    paper_rows = [{k: v for k, v in r.items() if k != "estimator"} for r in records if r["estimator"] in ("paper", None)]
+    assert paper_rows == default["records"]

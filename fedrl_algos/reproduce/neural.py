@@ -357,8 +357,10 @@ class CurvatureConfig(MetaTrainingConfig):
         return tuple(self.estimators) == ("paper",)
 
     def quick(self) -> Self:
-        """This config as a seconds-long smoke version: m_h ∈ {10, 100}, 3 rounds of 2 local steps, 32 rollouts."""
-        return dataclasses.replace(self, m_hs=(10, 100), rounds=3, tau=2, adapt_trajectories=32, eval_trajectories=32,
+        """This config as a seconds-long smoke version: m_h ∈ {10, 100} (unless ``m_hs`` was changed), 3 rounds
+        of 2 local steps, 32 rollouts."""
+        m_hs = (10, 100) if self.m_hs == CurvatureConfig.m_hs else self.m_hs
+        return dataclasses.replace(self, m_hs=m_hs, rounds=3, tau=2, adapt_trajectories=32, eval_trajectories=32,
                                    eval_every=3)
 
 
