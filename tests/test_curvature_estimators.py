@@ -315,3 +315,13 @@ def test_reproduce_curvature_with_estimators(tmp_path):
     assert all("estimator" not in r for r in default["records"])
     paper_rows = [{k: v for k, v in r.items() if k != "estimator"} for r in records if r["estimator"] in ("paper", None)]
     assert paper_rows == default["records"]
+
+
+def test_curvature_stats_command_prints_every_row(capsys):
+    from fedrl_algos.curvature_stats import main
+
+    assert main(["--batches", "300", "--arc-batches", "40", "--m-hs", "10"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "m_h" not in line]
+    # gridworld: 2 directions × 3 estimators; arc: 2 points × 2 agents × 3 estimators
+    assert len(lines) == 6 + 12
+    assert sum(" lvc " in line for line in lines) == 6
