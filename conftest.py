@@ -1,5 +1,8 @@
 """Test-session set-up shared by tests/, the package doctests and the docs' examples."""
 
+import importlib.util
+import os
+
 import torch
 
 # The suite checks numbers, not speed: the batched programs it runs are small, and on a 2-core
@@ -30,3 +33,18 @@ def pytest_configure(config: pytest.Config) -> None:
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is not None:
         set_hypothesis_home_dir(factory.mktemp("hypothesis"))
+        # Flower keeps state under FLWR_HOME (default ~/.flwr) and Ray its sessions under RAY_TMPDIR
+        # (default /tmp/ray): both in pytest's temporary tree, set before tests/test_flower.py imports them.
+        os.environ.setdefault("FLWR_HOME", str(factory.mktemp("flwr_home")))
+        os.environ.setdefault("RAY_TMPDIR", str(factory.mktemp("ray")))
+
+
+def _flower_available() -> bool:
+    try:
+        return importlib.util.find_spec("flwr") is not None
+    except ValueError:
+        return False
+
+
+# fedrl_algos.flower needs the flower extra (Python >= 3.11): without it, its modules' doctests are not collected.
+collect_ignore_glob = [] if _flower_available() else ["fedrl_algos/flower/*"]

@@ -476,6 +476,15 @@ def _add_single_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_single_target)
 
 
+def _add_flower_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_flower import add_flower_target
+
+    add_flower_target(targets)
+
+
+BENCH_TARGETS.append(_add_flower_target)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
     bench = subparsers.add_parser(

@@ -1,4 +1,4 @@
-"""The ``fedrl`` command line: ``fedrl envs``, ``fedrl demo``, ``fedrl bench``, ``fedrl reproduce``."""
+"""The ``fedrl`` command line: ``fedrl envs``, ``fedrl demo``, ``fedrl bench``, ``fedrl reproduce``, ``fedrl flower``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fedrl_algos import bench
+from fedrl_algos import bench, flower_cli
 from fedrl_algos.reproduce import cli as reproduce_cli
 from fedrl_algos.reproduce import demo
 
@@ -51,6 +51,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     bench.register,
     demo.register,
     reproduce_cli.register,
+    flower_cli.register,
 )
 
 

@@ -274,6 +274,8 @@ def test_option_validation_and_persistence(tmp_path):
         PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", variant="first_order", device="cpu")
     with pytest.raises(ValueError, match="curvature"):
         PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature=None, device="cpu")
+    with pytest.raises(ValueError, match="curvature"):
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", objective="debiased", device="cpu")
     model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="lvc", seed=0, device="cpu")
     assert model.estimator.curvature_estimator == "lvc"
     model.save(tmp_path / "model.zip")

@@ -274,8 +274,9 @@ SMALL = st.one_of(st.integers(-2, 4), st.floats(allow_nan=True, allow_infinity=T
 #: the hyperparameters fuzzed per class, and small valid defaults that keep a round cheap
 ALGORITHMS = {
     FedAvgPG: (["step_size", "local_steps", "n_trajectories", "estimator", "baseline", "server_optimizer", "server_step_size",
-                "alpha", "gamma", "agents_per_round", "eval_adapt_trajectories"], dict(local_steps=1, n_trajectories=3)),
-    PerFedAvgPG: (["alpha", "step_size", "local_steps", "m_in", "m_h", "m_out", "variant", "gamma", "agents_per_round", "hvp_chunk"],
+                "alpha", "gamma", "agents_per_round", "control_variates", "eval_adapt_trajectories"], dict(local_steps=1, n_trajectories=3)),
+    PerFedAvgPG: (["alpha", "step_size", "local_steps", "m_in", "m_h", "m_out", "variant", "gamma", "agents_per_round", "control_variates",
+                   "hvp_chunk"],
                   dict(local_steps=1, m_in=2, m_h=2, m_out=2)),
     IndependentPG: (["step_size", "n_trajectories", "local_steps", "gamma"], dict(n_trajectories=3)),
     MFPO: (["step_size", "momentum", "local_steps", "n_trajectories", "initial_trajectories", "estimator", "baseline",

@@ -27,6 +27,7 @@ from stable_baselines3.common.utils import get_device, get_system_info
 from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
+from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.aggregation import UpdateCheck, warn_rejected
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
@@ -326,6 +327,11 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         """The default step size of :meth:`adapt` (``None``: the algorithm learns none; pass one)."""
         return None
 
+    @property
+    def default_adaptation_baseline(self) -> str | None:
+        """The baseline :meth:`adapt` uses by default (``None``: the paper's plain estimate, eq. (2))."""
+        return None
+
     # --- properties ----------------------------------------------------------------------------
     @property
     def theta(self) -> torch.Tensor:
@@ -465,6 +471,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         steps: int = 1,
         step_size: float | None = None,
         seed: int | None = None,
+        baseline: str | None = "auto",
     ) -> FlatPolicy | list[FlatPolicy]:
         """Personalize the shared initialization to a task with policy-gradient steps.
 
@@ -477,6 +484,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             Per-FedAvg-PG's α; required where the algorithm has none)
         :param seed: seed of the adaptation trajectories (default: derived from the model's seed
             and the number of adaptations so far)
+        :param baseline: baseline of the adaptation gradient: ``None`` (the paper's eq. (2)),
+            ``"loo"`` (unbiased leave-one-out time-dependent mean; lower variance, see
+            :mod:`fedrl_algos.core.adaptation`), ``"mean"``, or ``"auto"`` (default): the model's
+            :attr:`default_adaptation_baseline` (e.g. Per-FedAvg-PG's ``adaptation_baseline``)
         :return: a copy of the policy (with ``predict``) holding the personalized ``theta``; a list
             for a list of tasks
         """
@@ -490,6 +501,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 raise ValueError(f"step_size must be given: {type(self).__name__} learns no adaptation step size of its own")
         else:
             step_size = check_step_size("step_size", step_size)
+        baseline = self.default_adaptation_baseline if baseline == "auto" else check_adaptation_baseline(baseline, "baseline")
         theta = self.policy.theta.detach().expand(len(tasks), -1).clone()
         if n_trajectories > 0 and steps > 0:
             counter = self.__dict__.get("_adapt_calls", 0)
@@ -501,13 +513,14 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 try:
                     sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed,
                                          normalizer=self.obs_normalizer)
-                    theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma)
+                    theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma,
+                                                  baseline)
                 finally:
                     env.close()
             else:
                 params = params_to(stack_params(tasks), self.device)
                 sampler = KernelSampler(self.family, params, self.policy, streams, self.horizon, normalizer=self.obs_normalizer)
-                theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma)
+                theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma, baseline)
         adapted = []
         for row in theta:
             clone = copy.deepcopy(self.policy)

@@ -9,7 +9,7 @@ import torch
 __all__ = ["personalization_metrics", "server_policy_metrics"]
 
 
-def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: int) -> dict[str, float]:
+def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: int, baseline: str | None = None) -> dict[str, float]:
     """Metrics of a shared initialization that one adaptation step of size α personalizes.
 
     Exact ``F`` (post-adaptation) and ``f`` (pre-adaptation) objectives for tabular families
@@ -18,6 +18,7 @@ def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: i
     :param model: a federation (its ``policy``, ``federation``, ``evaluator``, ``eval_trajectories``)
     :param alpha: the adaptation step size α
     :param eval_adapt_trajectories: trajectories of the Monte Carlo adaptation step
+    :param baseline: baseline of that step's gradient (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2))
     """
     theta = model.policy.theta.detach().unsqueeze(0)
     out: dict[str, float] = {}
@@ -27,7 +28,7 @@ def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: i
         out["f"] = float(small_f.reshape(-1)[0])
     if model.eval_trajectories > 0:
         pre = model.federation.evaluate(theta, model.eval_trajectories)
-        adapted = model.federation.adapted(theta, alpha, eval_adapt_trajectories)
+        adapted = model.federation.adapted(theta, alpha, eval_adapt_trajectories, baseline)
         post = model.federation.evaluate(adapted, model.eval_trajectories)
         out["pre_adaptation_return"] = float(pre.mean())
         out["post_adaptation_return"] = float(post.mean())

@@ -1,14 +1,16 @@
-"""The server optimizer's state as part of a federation's saved model."""
+"""Server-side state saved with a federation's model: the server optimizer's, and SCAFFOLD's control variates."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
+from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.optim import AdamState
 
-__all__ = ["ServerAdamStateMixin"]
+__all__ = ["ServerAdamStateMixin", "ControlVariateStateMixin", "check_control_variates"]
 
 
 class ServerAdamStateMixin:
@@ -48,3 +50,61 @@ class ServerAdamStateMixin:
 
     policy: Any
     device: Any
+
+
+class ControlVariateStateMixin:
+    """Keeps SCAFFOLD's control variates (``control_variates=True``) as two tensors that SB3 saves
+    with the parameters and maps to the load device: the server's ``control_server [1, d]`` and the
+    agents' ``control_agents [1, n, d]`` (both ``None``, and not in the file, without control variates).
+
+    The class using it sets ``control_variates`` (checked by :func:`check_control_variates`) and
+    calls :meth:`_setup_control_variates` from its ``_setup_model`` once the policy and the
+    federation exist.
+    """
+
+    control_variates: bool
+
+    def _setup_control_variates(self) -> None:
+        self.control_variates = check_control_variates(self.control_variates)
+        if not self.control_variates:
+            self.control_server = self.control_agents = None
+            return
+        d, dtype, n = self.policy.n_params, self.policy.theta.dtype, self.n_agents
+        if self.__dict__.get("control_server") is None or self.__dict__.get("control_agents") is None:
+            zero = ControlVariates.zeros(1, n, d, dtype, self.device)
+            self.control_server, self.control_agents = zero.server, zero.agents
+        self.control_server, self.control_agents = (x.to(self.device) for x in (self.control_server, self.control_agents))
+
+    @property
+    def control_state(self) -> ControlVariates | None:
+        """The control variates (batch shape ``[1]``) the next round updates; ``None`` without them."""
+        if not self.control_variates:
+            return None
+        return ControlVariates(self.control_server, self.control_agents)
+
+    def _store_control_state(self, control: ControlVariates | None) -> None:
+        """Keep the controls a round updated (``None``: nothing to keep)."""
+        if control is not None:
+            self.control_server, self.control_agents = control.server, control.agents
+
+    @property
+    def allows_new_agent_count(self) -> bool:  # type: ignore[override]
+        """A model with control variates keeps one per agent: :meth:`set_env` needs the same agents."""
+        return not self.control_variates
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, variables = super()._get_torch_save_params()  # type: ignore[misc]
+        if self.control_variates:
+            variables = [*variables, "control_server", "control_agents"]
+        return state_dicts, variables
+
+    policy: Any
+    device: Any
+    n_agents: int
+
+
+def check_control_variates(value: Any) -> bool:
+    """``control_variates`` as a ``bool`` (``TypeError`` naming it otherwise)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"control_variates must be a bool, got {type(value).__name__}")
+    return bool(value)

@@ -63,6 +63,10 @@ def attack_streams(streams: RandomStreams) -> RandomStreams:
 class Attack:
     """Base class: an honest agent (every hook is the identity)."""
 
+    #: whether the Byzantine agents pool what they know (their hooks read other agents' rows), so
+    #: that one agent alone, e.g. a Flower client, cannot carry out the attack
+    colluding: bool = False
+
     #: registry name (``random_noise``, ``sign_flip``, ...)
     name: ClassVar[str] = "none"
 
@@ -230,6 +234,7 @@ class FedScsPGAttack(Attack):
     """
 
     name = "fedscspg"
+    colluding = True
 
     def __init__(self, scale: float = 3.0) -> None:
         self.scale = float(scale)
@@ -271,6 +276,10 @@ class ForgedSpread(Attack):
         self.attack = make_attack(attack)
         if name is not None:
             self.name = name
+
+    @property
+    def colluding(self) -> bool:  # type: ignore[override]
+        return self.attack.colluding
 
     def policy(self, policy: Any, byzantine: torch.Tensor) -> Any:
         return self.attack.policy(policy, byzantine)
@@ -334,6 +343,9 @@ class AttackedEstimator(GradientEstimator):
     :param attack: the attack
     :param byzantine: boolean mask over agents ``[n]`` (or broadcastable to the batch)
     """
+
+    #: the Byzantine mask is over the federation's agents ``[n]``
+    per_agent_state: ClassVar[bool] = True
 
     def __init__(self, estimator: GradientEstimator, attack: Attack | str, byzantine: torch.Tensor) -> None:
         super().__init__(estimator.policy, estimator.gamma)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -56,6 +57,10 @@ class GradientEstimator(ABC):
 
     #: short name used in logs and results (``exact``, ``first_order``, ``fedavg``, ``pg``)
     name: str = ""
+    #: whether the estimator holds settings per agent of the federation (e.g. which agents are
+    #: Byzantine), so that it needs the whole ``[R, n]`` batch: client sampling then computes every
+    #: agent and masks the aggregate instead of computing only the sampled ones
+    per_agent_state: ClassVar[bool] = False
 
     def __init__(self, policy, gamma: float) -> None:
         self.policy = policy

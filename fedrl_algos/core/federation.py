@@ -8,21 +8,28 @@ pair. Its methods are the batched programs the algorithm classes and the experim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fedrl_algos.core.aggregation import OnReject, aggregate_valid
+from fedrl_algos.core.adaptation import adaptation_gradient
+from fedrl_algos.core.aggregation import OnReject, UpdateCheck, aggregate_valid
+from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
 from fedrl_algos.core.directions import GradientEstimator, local_update
 from fedrl_algos.core.env_sampling import EnvSampler
-from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import TaskFamily, index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["Federation", "run_keys", "run_env_stream_ids", "adapt_with_sampler", "combine_seed"]
+__all__ = ["Federation", "AgentSelection", "LocalSteps", "run_keys", "run_env_stream_ids", "adapt_with_sampler", "combine_seed"]
+
+#: a local loop ``steps(sampler, start [R, k, d], gather) -> [R, k, d]`` run by :meth:`Federation.local_round`
+#: on the ``k`` computed agents of each run; ``gather`` maps a per-agent tensor ``[R, n, ...]`` to
+#: those agents' rows ``[R, k, ...]`` (e.g. their control variates)
+LocalSteps = Callable[[Any, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
 
 # Stream indices within a run's seed: agents use 0..n-1; these offsets keep other consumers apart.
 _SERVER_STREAM = 1 << 40
@@ -42,9 +49,14 @@ def run_env_stream_ids(seeds: Any, n_agents: int, offset: int = 0) -> list[int]:
     return [int(k) & ((1 << 62) - 1) for k in keys.reshape(-1).tolist()]
 
 
-def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0) -> torch.Tensor:
-    """Stream keys ``[R, n]`` for runs seeded ``seeds [R]`` (agent ``i`` of run ``r``)."""
-    return derive_keys(seeds.reshape(-1, 1), torch.arange(n_agents).reshape(1, -1) + offset)
+def run_keys(seeds: torch.Tensor, n_agents: int, offset: int = 0, agent_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Stream keys ``[R, n]`` for runs seeded ``seeds [R]`` (agent ``i`` of run ``r``).
+
+    :param agent_ids: the agents' indices in their federation (default ``0..n-1``): a slice of a
+        federation (one Flower client's agent) draws the same numbers as those rows of the whole
+    """
+    ids = torch.arange(n_agents) if agent_ids is None else torch.as_tensor(agent_ids, dtype=torch.int64).reshape(-1)
+    return derive_keys(seeds.reshape(-1, 1), ids.reshape(1, -1) + offset)
 
 
 @dataclass
@@ -69,6 +81,10 @@ class Federation:
     :param normalizer: observation normalizer shared by the samplers (only the training sampler
         adds to its moments; :mod:`fedrl_algos.core.normalization`)
     :param env_reset_seed: seed of the env's first reset (``None``: the seed the env was made with)
+    :param agent_ids: each agent's index in the whole federation, for a federation that holds only
+        some of its agents (a Flower client's one agent): their random streams are keyed by these
+        indices, so the slice draws exactly what those rows of the whole federation draw (default
+        ``0..n-1``)
     """
 
     family: TaskFamily | None
@@ -82,6 +98,7 @@ class Federation:
     stop_when_done: bool = False
     normalizer: Any = None
     env_reset_seed: int | None = None
+    agent_ids: Any = None
 
     def __post_init__(self) -> None:
         self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
@@ -94,9 +111,13 @@ class Federation:
         else:
             first = next(v for v in vars(self.agent_params).values() if isinstance(v, torch.Tensor))
             self.n_agents = int(first.shape[0])
-        self.streams = RandomStreams(run_keys(self.seeds, self.n_agents), self.device)
+        if self.agent_ids is not None:
+            self.agent_ids = torch.as_tensor(self.agent_ids, dtype=torch.int64).reshape(-1)
+            if self.agent_ids.shape[0] != self.n_agents:
+                raise ValueError(f"agent_ids must have one index per agent ({self.n_agents}), got {self.agent_ids.shape[0]}")
+        self.streams = RandomStreams(run_keys(self.seeds, self.n_agents, agent_ids=self.agent_ids), self.device)
         self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
-        self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM), self.device)
+        self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM, self.agent_ids), self.device)
         if self.env is not None:
             seed = self.env_reset_seed
             self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed,
@@ -166,13 +187,98 @@ class Federation:
         """Server parameters ``[R, d]`` → every agent's copy ``[R, n, d]``."""
         return theta.unsqueeze(-2).expand(self.n_runs, self.n_agents, theta.shape[-1])
 
-    def participation(self, agents_per_round: int | None) -> torch.Tensor | None:
-        """Mask ``[R, n]`` of agents sampled without replacement for one round (``None`` = all)."""
+    def sample_agents(self, agents_per_round: int | None) -> torch.Tensor | None:
+        """Agents sampled without replacement for one round, ``[R, r]`` in increasing order (``None``: all).
+
+        Each run draws ``n`` uniforms from its server stream and keeps the ``r`` smallest (a uniformly
+        random ``r``-subset); nothing is drawn for full participation.
+        """
         if agents_per_round is None or agents_per_round >= self.n_agents:
             return None
         u = self.server_streams.uniform((self.n_agents,))
-        chosen = torch.argsort(u, dim=-1)[..., :agents_per_round]
-        return torch.zeros_like(u).scatter_(-1, chosen, 1.0)
+        return torch.argsort(u, dim=-1)[..., :agents_per_round].sort(dim=-1).values
+
+    def participation(self, agents_per_round: int | None) -> torch.Tensor | None:
+        """Mask ``[R, n]`` of agents sampled without replacement for one round (``None`` = all);
+        the same draw as :meth:`sample_agents`."""
+        agents = self.sample_agents(agents_per_round)
+        return None if agents is None else self.agent_mask(agents)
+
+    def agent_mask(self, agents: torch.Tensor) -> torch.Tensor:
+        """The participation mask ``[R, n]`` (1.0 for the agents ``agents [R, r]``, else 0.0)."""
+        return torch.zeros(self.n_runs, self.n_agents, device=agents.device).scatter_(-1, agents, 1.0)
+
+    @property
+    def can_select(self) -> bool:
+        """Whether :meth:`select` can compute a subset of the agents on its own (family-backed
+        federations; an env-backed one steps every agent's environments together)."""
+        return self.env is None
+
+    def select(self, agents: torch.Tensor) -> AgentSelection:
+        """The agents ``agents [R, r]`` of every run as a federation batch of their own.
+
+        The selection's sampler rolls out only those ``R·r`` rows: their task parameters and
+        *copies* of their training streams (keys and counters), so what it draws for an agent is
+        bitwise what this federation's sampler would draw for it at the same counters.
+        :meth:`AgentSelection.write_back` moves the copies' counters back into this federation's
+        streams; the other agents' streams do not advance. One agent of one run is ``select(torch.tensor([[i]]))``.
+
+        :param agents: int64 agent indices ``[R, r]``, distinct within each run, in ``[0, n)``
+        :raise ValueError: for an env-backed federation, or indices of the wrong shape, range or
+            with repeats
+        :raise TypeError: for indices that are not an integer tensor
+        """
+        if not self.can_select:
+            raise ValueError("select needs a family-backed federation: an env-backed one (Federation.from_env) "
+                             "steps every agent's environments together")
+        if not isinstance(agents, torch.Tensor) or agents.is_floating_point() or agents.dtype == torch.bool or agents.is_complex():
+            raise TypeError(f"agents must be an integer tensor [R, r], got {type(agents).__name__}"
+                            + (f" of dtype {agents.dtype}" if isinstance(agents, torch.Tensor) else ""))
+        if agents.dim() != 2 or agents.shape[0] != self.n_runs or agents.shape[1] < 1:
+            raise ValueError(f"agents must have shape [{self.n_runs}, r] with r >= 1 (one row per run), got {list(agents.shape)}")
+        agents = agents.to(device=self.streams.device, dtype=torch.int64)
+        if bool(((agents < 0) | (agents >= self.n_agents)).any()):
+            raise ValueError(f"agents must be agent indices in [0, {self.n_agents - 1}], got {agents.tolist()}")
+        ordered = agents.sort(dim=-1).values
+        if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+            raise ValueError(f"agents must be distinct within each run, got {agents.tolist()}")
+        runs = torch.arange(self.n_runs, device=agents.device).unsqueeze(-1).expand_as(agents)
+        streams = self.streams[(runs, agents)]
+        first = next(v for v in vars(self.row_params).values() if isinstance(v, torch.Tensor))
+        rows = index_params(self.row_params, (runs * self.n_agents + agents).reshape(-1).to(first.device))
+        sampler = KernelSampler(self.family, rows, self.policy, streams, self.horizon_override, self.stop_when_done,
+                                self.normalizer, update_normalizer=True)
+        return AgentSelection(self, agents, streams, sampler)
+
+    def local_round(
+        self, theta: torch.Tensor, steps: LocalSteps, agents_per_round: int | None = None, per_agent_state: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Broadcast θ and run the local loop ``steps`` on the round's participating agents.
+
+        * all agents (``agents_per_round`` ``None`` or ``>= n``): ``steps(sampler, broadcast(θ), identity)``;
+        * ``r < n`` agents: only the sampled ``r`` per run are computed (:meth:`select`: ``R·r``
+          rows, a round costs ``r/n`` of a full one) and only their streams advance;
+        * ``r < n`` on an env-backed federation, or with ``per_agent_state`` (an estimator that holds
+          per-agent settings, e.g. which agents are Byzantine): every agent is computed and the
+          mask leaves the others out of the aggregate (their streams advance too).
+
+        :param theta: server parameters ``[R, d]``
+        :param steps: the local loop (:data:`LocalSteps`)
+        :param agents_per_round: agents sampled per run (``None``: all)
+        :param per_agent_state: compute every agent (see above)
+        :return: the agents' parameters ``[R, n, d]`` (agents not computed hold θ) and the
+            participation mask ``[R, n]`` (``None``: every agent)
+        """
+        agents = self.sample_agents(agents_per_round)
+        if agents is None:
+            return steps(self.sampler, self.broadcast(theta), _identity), None
+        mask = self.agent_mask(agents)
+        if not self.can_select or per_agent_state:
+            return steps(self.sampler, self.broadcast(theta), _identity), mask
+        chosen = self.select(agents)
+        local = steps(chosen.sampler, chosen.broadcast(theta), chosen.gather)
+        chosen.write_back()
+        return chosen.scatter(local, self.broadcast(theta)), mask
 
     def round(
         self,
@@ -182,25 +288,42 @@ class Federation:
         tau: int,
         agents_per_round: int | None = None,
         on_reject: OnReject | None = None,
+        control: ControlVariates | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One communication round (Algorithm 1): broadcast, ``τ`` local steps, average.
 
         The server averages only valid local parameters (:func:`~fedrl_algos.core.aggregation.aggregate_valid`:
-        finite, of θ's shape and dtype); a run with none keeps θ.
+        finite, of θ's shape and dtype); a run with none keeps θ. With ``agents_per_round = r < n``
+        only the sampled agents are computed (:meth:`local_round`).
+
+        With ``control`` (SCAFFOLD, Karimireddy et al. 2020) each local step follows the corrected
+        direction ``∇̂F_i + c − c_i``, and the participating agents' ``c_i`` and the server's ``c``
+        are updated in place from the local progress (:meth:`~fedrl_algos.core.control_variates.ControlVariates.update`).
 
         :param theta: server parameters ``[R, d]``
         :param estimator: each agent's local direction
-        :param beta: local step size
+        :param beta: local step size (> 0 with ``control``)
         :param tau: local steps
         :param agents_per_round: agents sampled per run (``None``: all)
         :param on_reject: called with the :class:`~fedrl_algos.core.aggregation.UpdateCheck` when
             an update is rejected (default: a ``RejectedUpdateWarning``)
+        :param control: control variates ``c [R, d]``, ``c_i [R, n, d]`` (``None``: none)
 
         :return: the new server parameters ``[R, d]`` and the participation mask used
         """
-        mask = self.participation(agents_per_round)
-        local = local_update(estimator, self.sampler, self.broadcast(theta), beta, tau)
-        return aggregate_valid(local, theta, mask, on_reject=on_reject)[0], mask
+        correction = None if control is None else control.correction()
+
+        def steps(sampler: Any, start: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+            direction = estimator if correction is None else CorrectedDirection(estimator, gather(correction))
+            return local_update(direction, sampler, start, beta, tau)
+
+        if control is not None:
+            control.check(theta, self.n_agents, beta * tau)
+        local, mask = self.local_round(theta, steps, agents_per_round, estimator.per_agent_state)
+        new, check = aggregate_valid(local, theta, mask, on_reject=on_reject)
+        if control is not None:
+            control.update(local, theta, beta * tau, participated(check, mask))
+        return new, mask
 
     def independent_steps(self, theta: torch.Tensor, estimator: GradientEstimator, beta: float, steps: int) -> torch.Tensor:
         """``steps`` local steps of every agent on its own parameters, no averaging.
@@ -223,19 +346,75 @@ class Federation:
         traj = self.eval_sampler(theta, n_trajectories)
         return traj.returns(self.gamma).mean(-1)
 
-    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int) -> torch.Tensor:
+    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int, baseline: str | None = None) -> torch.Tensor:
         """One policy-gradient adaptation step per agent from the evaluation streams: ``[R, n, d]``.
 
         :param theta: shared ``[R, d]`` or per-agent ``[R, n, d]`` parameters
         :param alpha: adaptation step size
         :param n_trajectories: trajectories of the step (0 returns ``theta`` per agent)
+        :param baseline: baseline of the adaptation gradient (:mod:`fedrl_algos.core.adaptation`;
+            ``None``: the paper's eq. (2))
         """
         if theta.dim() == 2:
             theta = self.broadcast(theta)
         if alpha == 0 or n_trajectories == 0:
             return theta
         traj = self.eval_sampler(theta, n_trajectories)
-        return theta + alpha * policy_gradient(self.policy, theta, traj, self.gamma)
+        return theta + alpha * adaptation_gradient(self.policy, theta, traj, self.gamma, baseline)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def participated(check: UpdateCheck, mask: torch.Tensor | None) -> torch.Tensor:
+    """The agents ``[R, n]`` (bool) whose update the server used: sampled (``mask``; ``None``: all) and valid."""
+    return check.valid if mask is None else check.valid & (mask > 0)
+
+
+@dataclass
+class AgentSelection:
+    """Some agents of every run of a :class:`Federation`, as a batch of their own (:meth:`Federation.select`).
+
+    :param federation: the federation the agents belong to
+    :param agents: agent indices ``[R, r]``
+    :param streams: copies of those agents' training streams (batch shape ``[R, r]``), advanced
+        by :attr:`sampler`; :meth:`write_back` copies their counters into the federation's streams
+    :param sampler: samples the ``R·r`` selected rows (a :class:`~fedrl_algos.core.sampling.KernelSampler`)
+    """
+
+    federation: Federation
+    agents: torch.Tensor
+    streams: RandomStreams
+    sampler: KernelSampler
+
+    @property
+    def n_runs(self) -> int:
+        return int(self.agents.shape[0])
+
+    @property
+    def n_agents(self) -> int:
+        """Agents per run in the selection (``r``)."""
+        return int(self.agents.shape[1])
+
+    def broadcast(self, theta: torch.Tensor) -> torch.Tensor:
+        """Server parameters ``[R, d]`` → the selected agents' copies ``[R, r, d]``."""
+        return theta.unsqueeze(-2).expand(self.n_runs, self.n_agents, theta.shape[-1])
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The selected agents' rows ``[R, r, ...]`` of a per-agent tensor ``[R, n, ...]``."""
+        index = self.agents.to(x.device).reshape(*self.agents.shape, *([1] * (x.dim() - 2)))
+        return torch.take_along_dim(x, index, dim=1)
+
+    def scatter(self, x: torch.Tensor, into: torch.Tensor) -> torch.Tensor:
+        """A copy of ``into [R, n, ...]`` with the selected agents' rows replaced by ``x [R, r, ...]``."""
+        index = self.agents.to(x.device).reshape(*self.agents.shape, *([1] * (x.dim() - 2))).expand_as(x)
+        return torch.clone(into, memory_format=torch.contiguous_format).scatter_(1, index, x)
+
+    def write_back(self) -> None:
+        """Move the selected agents' stream counters back into the federation's training streams."""
+        streams = self.federation.streams
+        streams.counters = self.scatter(self.streams.counters, streams.counters)
 
 
 def adapt_with_sampler(
@@ -246,6 +425,7 @@ def adapt_with_sampler(
     steps: int = 1,
     step_size: float = 1.0,
     gamma: float = 0.9,
+    baseline: str | None = None,
 ) -> tuple[torch.Tensor, list[Trajectories]]:
     """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps (eq. (2)) drawn from ``sampler``.
 
@@ -256,12 +436,14 @@ def adapt_with_sampler(
     :param steps: number of steps
     :param step_size: step size α
     :param gamma: discount
+    :param baseline: baseline of the adaptation gradient: ``None`` (eq. (2)), ``"loo"`` (unbiased
+        leave-one-out time-dependent mean) or ``"mean"`` (:mod:`fedrl_algos.core.adaptation`)
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """
     used = []
     for _ in range(steps):
         traj = sampler(theta, n_trajectories)
-        theta = theta + step_size * policy_gradient(policy, theta, traj, gamma)
+        theta = theta + step_size * adaptation_gradient(policy, theta, traj, gamma, baseline)
         used.append(traj)
     return theta, used
 

@@ -16,7 +16,7 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
-from fedrl_algos.common.server_state import ServerAdamStateMixin
+from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_estimator_and_baseline
@@ -29,7 +29,7 @@ from fedrl_envs.core import check_int
 __all__ = ["FedAvgPG"]
 
 
-class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
+class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorithm):
     """Federated policy gradient by parameter averaging (FedAvg-PG).
 
     Each round every participating agent starts from the server's θ and takes ``local_steps`` (K,
@@ -62,7 +62,12 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
     :param byzantine_agents: indices of the Byzantine agents
     :param alpha: adaptation step size used for evaluation and :meth:`adapt` only
     :param gamma: discount γ
-    :param agents_per_round: agents sampled per round (default: all)
+    :param agents_per_round: agents sampled per round (default: all); only the sampled agents are
+        computed and only their random streams advance (with an attack: every agent is computed, the
+        others masked out of the aggregate)
+    :param control_variates: SCAFFOLD's control-variate correction of the local steps
+        (``θ_k ← θ_k + α_t (ĝ_k + c − c_k)``, option II controls; saved with the model); needs local
+        step sizes with a positive sum. Docs: ``docs/algorithms/fedavg_pg.md``
     :param eval_trajectories: see :class:`~fedrl_algos.PerFedAvgPG`
     :param eval_adapt_trajectories: see :class:`~fedrl_algos.PerFedAvgPG`
     :param policy_kwargs: policy keyword arguments
@@ -110,6 +115,7 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         alpha: float = 0.0,
         gamma: float = 0.9,
         agents_per_round: int | None = None,
+        control_variates: bool = False,
         eval_trajectories: int | None = None,
         eval_adapt_trajectories: int = 64,
         policy_kwargs: dict[str, Any] | None = None,
@@ -145,6 +151,7 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         self.alpha = check_step_size("alpha", alpha)
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
+        self.control_variates = check_control_variates(control_variates)
         self.local_step = 0
         super().__init__(
             policy,
@@ -175,9 +182,13 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
         self.agents_per_round = check_agents_per_round(self.agents_per_round, self.n_agents)
         if any(not 0 <= k < self.n_agents for k in self.byzantine_agents):
             raise ValueError(f"byzantine_agents must be agent indices in [0, {self.n_agents - 1}], got {self.byzantine_agents}")
+        if check_control_variates(self.control_variates) and not sum(self.step_size(t) for t in range(1, self.local_steps + 1)) > 0:
+            raise ValueError("control_variates=True needs local step sizes (step_size) that sum to > 0 over a round "
+                             "(the controls divide the local progress by the sum)")
         super()._setup_model()
         self.estimator = self._make_estimator()
         self._setup_server_state()
+        self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
         honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline)
@@ -211,11 +222,13 @@ class FedAvgPG(ServerAdamStateMixin, FederatedAlgorithm):
 
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
+        control = self.control_state
         new_theta, state, _ = fedavg_pg_round(
             self.federation, theta, self.estimator, self.step_size, self.local_step, self.local_steps,
-            self.agents_per_round, self.optimizer_state, self.server_step_size, self._reject_updates,
+            self.agents_per_round, self.optimizer_state, self.server_step_size, self._reject_updates, control,
         )
         self._store_server_state(state)
+        self._store_control_state(control)
         self.local_step += self.local_steps
         self.policy.theta.data.copy_(new_theta[0])
 

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate_valid
+from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
 from fedrl_algos.core.directions import GradientEstimator
-from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.federation import Federation, participated
 from fedrl_algos.core.optim import AdamState, adam_ascent
 
 __all__ = ["fedavg_pg_round"]
@@ -34,6 +35,7 @@ def fedavg_pg_round(
     server_state: AdamState | None = None,
     server_step_size: float = 1e-3,
     on_reject: OnReject | None = None,
+    control: ControlVariates | None = None,
 ) -> tuple[torch.Tensor, AdamState | None, torch.Tensor | None]:
     """One FedAvg-PG round for every run, from server parameters ``theta [R, d]``.
 
@@ -42,6 +44,12 @@ def fedavg_pg_round(
     ``θ ← mean_k θ_k`` (``server_state=None``) or takes an Adam step along the round's average local
     direction ``(mean_k θ_k − θ) / Σ_t α_t`` (divided by the local step sizes so that a growing α_t
     does not change what Adam sees; with K = 1 that is Adam on the averaged gradient).
+
+    With ``agents_per_round = r < n`` only the sampled agents are computed
+    (:meth:`~fedrl_algos.core.federation.Federation.local_round`; with an attacked estimator every
+    agent is, and the mask leaves the others out). With ``control`` (SCAFFOLD) the local steps are
+    ``θ_k ← θ_k + α_t (ĝ_k(θ_k) + c − c_k)`` and the controls are updated in place from
+    ``(θ_k − θ) / Σ_t α_t`` (:mod:`fedrl_algos.core.control_variates`).
 
     :param federation: the batched federation (its agents' sampler, and the server streams that
         draw the participating agents)
@@ -57,16 +65,29 @@ def fedavg_pg_round(
         finite, wrong shape or dtype): the server aggregates the others; a run with none left
         keeps θ and Adam's state (the round is skipped). Default: a
         :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`
+    :param control: SCAFFOLD's control variates ``c [R, d]``, ``c_k [R, n, d]``, updated in place
+        (``None``: none)
     :return: the new server parameters ``[R, d]``, Adam's new state (``None`` without Adam) and the
         participation mask ``[R, n]`` (``None``: every agent)
     """
-    mask = federation.participation(agents_per_round)
-    local = federation.broadcast(theta)
+    sizes = [step_size(t) for t in range(step + 1, step + local_steps + 1)]
     step_sum = 0.0
-    for t in range(step + 1, step + local_steps + 1):
-        step_sum += step_size(t)
-        local = local + step_size(t) * estimator(federation.sampler, local)
+    for size in sizes:
+        step_sum += size
+    correction = None if control is None else control.correction()
+
+    def steps(sampler, local: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        direction = estimator if correction is None else CorrectedDirection(estimator, gather(correction))
+        for size in sizes:
+            local = local + size * direction(sampler, local)
+        return local
+
+    if control is not None:
+        control.check(theta, federation.n_agents, step_sum)
+    local, mask = federation.local_round(theta, steps, agents_per_round, estimator.per_agent_state)
     average, check = aggregate_valid(local, theta, mask, on_reject=on_reject)
+    if control is not None:
+        control.update(local, theta, step_sum, participated(check, mask))
     if server_state is None:
         return average, None, mask
     # Runs without a valid update take no Adam step: θ and Adam's moments stay as they are.

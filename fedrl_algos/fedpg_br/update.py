@@ -9,7 +9,7 @@ NeurIPS 2021). A batched functional core over runs ``[*R]`` and agents ``n``:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -383,9 +383,40 @@ class FedPGBRUpdate:
             ``optimizer_state`` (Adam's state; ``None`` for ``"sgd"``), ``valid`` ``[*R, n]`` (the
             reports that passed :meth:`check_reports`)
         """
-        span = self.b_max - self.b_min + 1
-        batch_size = self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
+        batch_size = self.batch_size(server_uniform)
         grads, spread, returns, env_steps = self.agent_gradients(agent_sampler, theta, batch_size, byzantine, noise)
+        return self.server_phase(theta, grads, spread, returns, env_steps, batch_size, server_uniform, server_sampler, optimizer_state, on_reject)
+
+    def batch_size(self, server_uniform: torch.Tensor) -> torch.Tensor:
+        """``B_t`` uniform in ``[B_min, B_max]`` ``[*R]`` from the first of the round's two server uniforms ``[*R, 2]``."""
+        span = self.b_max - self.b_min + 1
+        return self.b_min + torch.clamp((server_uniform[..., 0].to(torch.float64) * span).long(), max=span - 1)
+
+    def server_phase(
+        self,
+        theta: torch.Tensor,
+        grads: torch.Tensor,
+        spread: torch.Tensor,
+        returns: torch.Tensor,
+        env_steps: torch.Tensor,
+        batch_size: torch.Tensor,
+        server_uniform: torch.Tensor,
+        server_sampler: Sampler,
+        optimizer_state: AdamState | None = None,
+        on_reject: OnReject | None = None,
+        aggregate: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Steps 2–3 of :meth:`round` (the server's side, a Flower strategy's aggregation): check the
+        reports ``grads [*R, n, d]``/``spread [*R, n]`` the agents sent for ``theta [*R, d]``, filter,
+        average and run the SCSG loop on the server's own trajectories.
+
+        :param returns: the agents' reported returns ``[*R, n]`` (diagnostics only)
+        :param env_steps: the agents' env steps ``[*R, n]`` (diagnostics only)
+        :param batch_size: ``B_t`` of the round (:meth:`batch_size`)
+        :param aggregate: another robust aggregation instead of FedPG-BR's filter (for comparisons,
+            e.g. Flower's Krum): ``aggregate(grads [*R, n, d], usable [*R, n]) -> (μ_t [*R, d], kept [*R, n])``
+        :return: as :meth:`round`
+        """
         auto = self.sigma in ("auto", "auto_bound")
         check = self.check_reports(grads, spread, theta, auto)
         if not check.all_valid:
@@ -396,12 +427,16 @@ class FedPGBRUpdate:
         if valid is not None and spread.shape != check.valid.shape:
             spread = torch.ones(check.valid.shape, dtype=theta.dtype, device=theta.device)
         sigma = self.estimate_sigma(spread, valid) if auto else torch.full_like(spread[..., 0], float(self.sigma))
-        if self.use_filter:
-            decision = byzantine_filter(grads, sigma, self.delta, batch_size, self.max_byzantine_fraction, valid)
+        usable = torch.ones(grads.shape[:-1], dtype=torch.bool, device=grads.device) if valid is None else valid
+        if aggregate is not None:
+            mu, kept = aggregate(grads, usable)
+            decision = FilterResult(kept, torch.zeros_like(kept[..., 0]), torch.full_like(sigma, math.inf, dtype=torch.float64))
         else:
-            keep_all = torch.ones(grads.shape[:-1], dtype=torch.bool, device=grads.device) if valid is None else valid
-            decision = FilterResult(keep_all, torch.zeros_like(keep_all[..., 0]), torch.full_like(sigma, math.inf, dtype=torch.float64))
-        mu = filtered_mean(grads, decision.kept)
+            if self.use_filter:
+                decision = byzantine_filter(grads, sigma, self.delta, batch_size, self.max_byzantine_fraction, valid)
+            else:
+                decision = FilterResult(usable, torch.zeros_like(usable[..., 0]), torch.full_like(sigma, math.inf, dtype=torch.float64))
+            mu = filtered_mean(grads, decision.kept)
         inner_steps = geometric_inner_steps(server_uniform[..., 1], batch_size, self.inner_batch_size)
         inner_steps = torch.where(decision.kept.any(-1), inner_steps, torch.zeros_like(inner_steps))
         anchor, current = theta, theta.clone()

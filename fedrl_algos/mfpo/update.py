@@ -148,6 +148,20 @@ class MFPOUpdate:
             ``nu``, and ``weight_mean``/``weight_max``/``clipped_fraction`` of the importance
             weights (``None`` at t = 1 or when ν_t = 0, where no weight is needed)
         """
+        theta, direction, info = self.direction(sampler, state)
+        t, alpha = state.step + 1, info["alpha"]
+        if t % self.local_steps != 0:
+            new = MFPOState(theta + alpha * direction, direction, theta, t)
+        else:
+            new = self._global_phase(theta, direction, alpha, t, state if round_start is None else round_start, on_reject)
+        return new, info
+
+    def direction(self, sampler, state: MFPOState) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """What every agent computes at step ``t = state.step + 1``: its direction ũ^(t) (eq. 3–4)
+        from a fresh batch at θ^(t); no parameter moves.
+
+        :return: ``θ^(t)``, ``ũ^(t)`` and the diagnostics of :meth:`local_step`
+        """
         t = state.step + 1
         alpha = float(self.step_size(t))
         nu = float(self.momentum(t, alpha))
@@ -170,11 +184,32 @@ class MFPOUpdate:
         info["return"] = traj.rewards.sum(-1).mean(-1)
         info["env_steps"] = traj.mask.sum((-1, -2))
         info["trajectories"] = traj.n_trajectories
-        if t % self.local_steps != 0:
-            new = MFPOState(theta + alpha * direction, direction, theta, t)
-        else:
-            new = self._global_phase(theta, direction, alpha, t, state if round_start is None else round_start, on_reject)
-        return new, info
+        return theta, direction, info
+
+    def agent_phase(self, sampler, state: MFPOState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The agent side of one round (one Flower client's work): the ``K − 1`` local steps
+        (eq. 5) and the direction of step K, from a state right after a global phase.
+
+        :return: ``θ^(K)`` and ``ũ^(K)`` (what the agent sends the server), its ``θ^(K−1)``, and the
+            last step's diagnostics with ``env_steps`` and ``trajectories`` summed over the round
+        """
+        if state.step % self.local_steps != 0:
+            raise ValueError(f"a round must start right after a global phase (step a multiple of {self.local_steps}), got step {state.step}")
+        env_steps, trajectories = 0, 0
+        for _ in range(self.local_steps - 1):
+            state, info = self.local_step(sampler, state)
+            env_steps = env_steps + info["env_steps"]
+            trajectories += info["trajectories"]
+        theta, direction, info = self.direction(sampler, state)
+        info.update(env_steps=env_steps + info["env_steps"], trajectories=trajectories + info["trajectories"])
+        return theta, direction, state.theta_prev, info
+
+    def global_phase(
+        self, theta: torch.Tensor, direction: torch.Tensor, step: int, round_start: MFPOState, on_reject: OnReject | None = None
+    ) -> MFPOState:
+        """The server side of one round: eq. (6)–(8) from every agent's ``θ^(K)`` and ``ũ^(K)``
+        ``[*R, n, d]`` at local step ``step`` (a multiple of K); see :meth:`local_step` for rejected agents."""
+        return self._global_phase(theta, direction, float(self.step_size(step)), step, round_start, on_reject)
 
     def _global_phase(
         self, theta: torch.Tensor, direction: torch.Tensor, alpha: float, t: int, round_start: MFPOState, on_reject: OnReject | None

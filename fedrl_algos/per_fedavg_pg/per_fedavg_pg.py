@@ -14,8 +14,11 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
+from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.curvature import check_curvature
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
+from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.core import check_int
@@ -23,9 +26,10 @@ from fedrl_envs.core import check_int
 __all__ = ["PerFedAvgPG"]
 
 _VARIANTS = ("exact", "first_order")
+_OBJECTIVES = ("paper", "debiased")
 
 
-class PerFedAvgPG(FederatedAlgorithm):
+class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     """Personalized federated policy gradient by MAML (Per-FedAvg-PG).
 
     Each round the server broadcasts θ; every participating agent takes ``local_steps`` (τ) local
@@ -49,13 +53,12 @@ class PerFedAvgPG(FederatedAlgorithm):
     :param m_out: outer-batch trajectories (ĝ_out, sampled at the adapted parameters)
     :param variant: ``"exact"`` or ``"first_order"``
     :param gamma: discount γ
-    :param agents_per_round: agents sampled without replacement each round (default: all)
+    :param agents_per_round: agents sampled without replacement each round (default: all); only the
+        sampled agents are computed and only their random streams advance
+    :param control_variates: SCAFFOLD's control-variate correction of the local steps
+        (``θ_i ← θ_i + β (∇̂F_i + c − c_i)``, option II controls; saved with the model); needs
+        ``step_size > 0``. Docs: ``docs/algorithms/per_fedavg_pg.md``
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product (memory/cache trade-off)
-    :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"paper"`` (eq. (3), default),
-        ``"causal"`` (Hessian of a causality-respecting surrogate with a leave-one-out per-step
-        baseline: unbiased, lower variance) or ``"lvc"`` (ProMP's low-variance curvature, **biased**);
-        see ``docs/algorithms/per_fedavg_pg.md``. ``variant="first_order"`` accepts only ``"paper"``
-        (it has no curvature term). Saved with the model; files saved without it load as ``"paper"``
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged pre/post-adaptation
         returns; default ``None``: 0 for families with an exact model (they log the exact F and f)
         and 32 otherwise (0 turns it off; the paper's evaluation uses 512). Evaluation runs only when
@@ -74,6 +77,21 @@ class PerFedAvgPG(FederatedAlgorithm):
         Gymnasium env's ``max_episode_steps − 1``)
     :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
+    :param objective: ``"paper"`` (default): eq. (5), ``F_i(θ) = J_i(θ + α∇J_i(θ))``, estimated by
+        ``variant``; ``"debiased"``: SG-MRL's stochastic-adaptation objective
+        ``E_{D_in}[J_i(θ + α ĝ_in(D_in))]`` with its unbiased meta-gradient
+        (:class:`~fedrl_algos.per_fedavg_pg.debiased.DebiasedMetaGradient`; needs
+        ``variant="exact"``, draws no Hessian batch: m_in + m_out trajectories per step)
+    :param adaptation_baseline: baseline of every adaptation gradient ĝ_in — the inner step of
+        training, the logged evaluation and :meth:`adapt`: ``None`` (default, the paper's eq. (2)),
+        ``"loo"`` (time-dependent mean reward-to-go of the other trajectories of the batch;
+        unbiased, lower variance) or ``"mean"`` (including the trajectory itself; biased by O(1/m))
+    :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"paper"`` (eq. (3), default),
+        ``"causal"`` (Hessian of a causality-respecting surrogate with a leave-one-out per-step
+        baseline: unbiased, lower variance) or ``"lvc"`` (ProMP's low-variance curvature, **biased**);
+        see ``docs/algorithms/per_fedavg_pg.md``. Other values need ``variant="exact"`` and
+        ``objective="paper"`` (the only estimator with a curvature batch). Saved with the model;
+        files saved without it load as ``"paper"``
     :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
         accepted with a ``DeprecationWarning`` for one release
 
@@ -100,8 +118,8 @@ class PerFedAvgPG(FederatedAlgorithm):
         variant: str = "exact",
         gamma: float = 0.9,
         agents_per_round: int | None = None,
+        control_variates: bool = False,
         hvp_chunk: int = 100,
-        curvature: str = "paper",
         eval_trajectories: int | None = None,
         eval_adapt_trajectories: int = 64,
         policy_kwargs: dict[str, Any] | None = None,
@@ -113,6 +131,9 @@ class PerFedAvgPG(FederatedAlgorithm):
         n_agents: int | None = None,
         horizon: int | None = None,
         normalize_observations: bool = False,
+        objective: str = "paper",
+        adaptation_baseline: str | None = None,
+        curvature: str = "paper",
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -120,7 +141,16 @@ class PerFedAvgPG(FederatedAlgorithm):
         step_size, local_steps = renamed.get("step_size", step_size), renamed.get("local_steps", local_steps)
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+        if objective not in _OBJECTIVES:
+            raise ValueError(f"objective must be one of {_OBJECTIVES}, got {objective!r}")
+        if objective == "debiased" and variant != "exact":
+            raise ValueError(
+                "objective='debiased' needs variant='exact' (its first-order estimator, ĝ_out alone, is the same "
+                f"as the paper objective's variant='first_order'), got variant={variant!r}"
+            )
         self.variant = variant
+        self.objective = objective
+        self.adaptation_baseline = check_adaptation_baseline(adaptation_baseline)
         self.alpha = check_step_size("alpha", alpha)
         self.step_size = check_step_size("step_size", step_size)
         self.local_steps = check_int("local_steps", local_steps)
@@ -129,10 +159,14 @@ class PerFedAvgPG(FederatedAlgorithm):
         self.m_out = check_int("m_out", m_out)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         self.curvature = check_curvature(curvature)
-        if variant == "first_order" and curvature != "paper":
-            raise ValueError(f"curvature={curvature!r} needs variant='exact' (the first-order variant has no curvature term)")
+        if curvature != "paper" and (variant != "exact" or objective != "paper"):
+            raise ValueError(
+                f"curvature={curvature!r} needs variant='exact' and objective='paper' (only that estimator has a "
+                f"curvature batch), got variant={variant!r}, objective={objective!r}"
+            )
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
+        self.control_variates = check_control_variates(control_variates)
         super().__init__(
             policy,
             env,
@@ -152,15 +186,21 @@ class PerFedAvgPG(FederatedAlgorithm):
 
     def _setup_model(self) -> None:
         self.agents_per_round = check_agents_per_round(self.agents_per_round, self.n_agents)
+        if check_control_variates(self.control_variates) and not self.step_size > 0:
+            raise ValueError(f"control_variates=True needs step_size > 0 (the controls divide the local progress by it), got {self.step_size}")
         super()._setup_model()
         self.estimator = self._make_estimator()
+        self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
+        # Files saved before these options existed hold neither attribute: the paper's defaults.
+        baseline = self.__dict__.get("adaptation_baseline")
+        if self.__dict__.get("objective", "paper") == "debiased":
+            return DebiasedMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
         if self.variant == "exact":
-            return ExactMetaGradient(
-                self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk, curvature=self.curvature
-            )
-        return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out)
+            return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk,
+                                     inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"))
+        return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "estimator"]
@@ -181,14 +221,21 @@ class PerFedAvgPG(FederatedAlgorithm):
     def adaptation_step_size(self) -> float:
         return self.alpha
 
+    @property
+    def default_adaptation_baseline(self) -> str | None:
+        return self.__dict__.get("adaptation_baseline")
+
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
+        control = self.control_state
         new_theta, _ = per_fedavg_pg_round(
-            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates
+            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates,
+            control,
         )
+        self._store_control_state(control)
         self.policy.theta.data.copy_(new_theta[0])
 
     def evaluate_round(self) -> dict[str, float]:
         """Exact ``F`` (post-adaptation) and ``f`` (pre) for tabular families; Monte Carlo
         pre/post-adaptation returns when ``eval_trajectories > 0``."""
-        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories)
+        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories, self.default_adaptation_baseline)

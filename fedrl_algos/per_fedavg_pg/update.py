@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
 from fedrl_algos.core.aggregation import OnReject
+from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.curvature import check_curvature, curvature_hvp, curvature_weights
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
 from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
@@ -27,17 +29,23 @@ __all__ = ["ExactMetaGradient", "FirstOrderMetaGradient", "per_fedavg_pg_round"]
 
 
 class _MetaBase(GradientEstimator):
-    """What both meta-gradients share: the inner adaptation step and the outer gradient."""
+    """What the meta-gradients share: the inner adaptation step and the outer gradient.
 
-    def __init__(self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int) -> None:
+    ``inner_baseline`` is the baseline of ĝ_in (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2)).
+    """
+
+    def __init__(
+        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int, inner_baseline: str | None = None
+    ) -> None:
         super().__init__(policy, gamma)
         self.alpha = check_step_size_or_tensor("alpha", alpha)
         self.m_in = check_int("m_in", m_in)
         self.m_out = check_int("m_out", m_out)
+        self.inner_baseline = check_adaptation_baseline(inner_baseline, "inner_baseline")
 
     def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
-        g_in = policy_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma)
+        g_in = adaptation_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma, self.inner_baseline)
         return theta + scale(self.alpha, g_in)
 
     def outer_gradient(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
@@ -81,6 +89,7 @@ class ExactMetaGradient(_MetaBase):
     :param m_h: Hessian batch
     :param m_out: outer batch
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product
+    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``: :mod:`fedrl_algos.core.adaptation`)
     :param curvature: ``"paper"``, ``"causal"`` or ``"lvc"`` (:data:`~fedrl_algos.core.curvature.CURVATURES`)
     """
 
@@ -88,9 +97,10 @@ class ExactMetaGradient(_MetaBase):
 
     def __init__(
         self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100,
+        inner_baseline: str | None = None,
         curvature: str = "paper",
     ) -> None:
-        super().__init__(policy, gamma, alpha, m_in, m_out)
+        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline)
         self.m_h = check_int("m_h", m_h)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         self.curvature_estimator = check_curvature(curvature)
@@ -147,9 +157,15 @@ def per_fedavg_pg_round(
     local_steps: int,
     agents_per_round: int | None = None,
     on_reject: OnReject | None = None,
+    control: ControlVariates | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One round of Algorithm 1 for every run: broadcast θ^k, ``τ`` local steps
     ``θ_i ← θ_i + β ∇̂F_i(θ_i)`` on fresh batches, average ``θ^{k+1} = (1/n) Σ_i θ_i``.
+
+    With ``agents_per_round = r < n`` only the ``r`` sampled agents of each run are computed and
+    averaged (:meth:`~fedrl_algos.core.federation.Federation.local_round`). With ``control``
+    (SCAFFOLD) the local steps are ``θ_i ← θ_i + β (∇̂F_i(θ_i) + c − c_i)`` and the controls are
+    updated in place (:mod:`fedrl_algos.core.control_variates`).
 
     :param federation: the batched federation (its samplers and random streams)
     :param theta: server parameters ``[R, d]``
@@ -160,6 +176,7 @@ def per_fedavg_pg_round(
     :param on_reject: called with the check of the agents' parameters when one is rejected (not
         finite, wrong shape or dtype; the server averages the others, and keeps θ when none is
         left); default: a :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`
+    :param control: SCAFFOLD's control variates ``c [R, d]``, ``c_i [R, n, d]`` (``None``: none)
     :return: the new server parameters ``[R, d]`` and the participation mask (``None``: all)
     """
-    return federation.round(theta, estimator, step_size, local_steps, agents_per_round, on_reject)
+    return federation.round(theta, estimator, step_size, local_steps, agents_per_round, on_reject, control)

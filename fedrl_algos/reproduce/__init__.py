@@ -2,8 +2,9 @@
 
 :data:`EXPERIMENTS` lists every experiment: the tabular ones
 (:mod:`fedrl_algos.reproduce.tabular`: ``personalization``, ``alpha``), the neural ones
-(:mod:`fedrl_algos.reproduce.neural`: ``curvature``, ``fewshot``, ``rollouts``) and the MFPO
-paper's comparison (:mod:`fedrl_algos.reproduce.mfpo`: ``mfpo``, ``byzantine``); ``fedrl reproduce all``
+(:mod:`fedrl_algos.reproduce.neural`: ``curvature``, ``fewshot``, ``rollouts``), the MFPO
+paper's comparison (:mod:`fedrl_algos.reproduce.mfpo`: ``mfpo``, ``byzantine``) and, beyond the
+papers, partial participation (:mod:`fedrl_algos.reproduce.partial`: ``partial``); ``fedrl reproduce all``
 runs all of them in this order. Each takes a frozen config (``experiment.config_class``)::
 
     from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
@@ -24,6 +25,7 @@ from fedrl_algos.reproduce.neural import (
     RolloutsConfig,
     RolloutsExperiment,
 )
+from fedrl_algos.reproduce.partial import PartialConfig, PartialExperiment
 from fedrl_algos.reproduce.tabular import AlphaConfig, AlphaExperiment, PersonalizationConfig, PersonalizationExperiment
 
 #: every experiment by name, in the order of ``fedrl reproduce --help`` and of ``fedrl reproduce all``
@@ -39,6 +41,7 @@ EXPERIMENTS = MappingProxyType(
             RolloutsExperiment(),
             MFPOComparison(),
             ByzantineExperiment(),
+            PartialExperiment(),
         )
     }
 )
@@ -57,4 +60,5 @@ __all__ = [
     "RolloutsConfig",
     "MFPOConfig",
     "ByzantineConfig",
+    "PartialConfig",
 ]

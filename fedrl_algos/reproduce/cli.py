@@ -65,6 +65,9 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
     """The flags that set a config field, by flag: ``(field, value)``, ``value`` ``None`` when not given."""
     return {"--env": ("env", args.env), "--budget": ("budget", args.budget), "--sb3-budget": ("sb3_budget", args.sb3_budget),
             "--no-sweeps": ("sweeps", False if args.no_sweeps else None), "--attacks": ("attacks", args.attacks),
+            "--objective": ("objective", args.objective),
+            # "none" is the config's default (None), so it sets nothing
+            "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline),
             "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None))}
 
 
@@ -180,5 +183,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "paper (eq. (3)), causal (unbiased, baseline-corrected), lvc (ProMP's, biased) (default paper)")
     parser.add_argument("--m-hs", type=_int_list, default=None, metavar="LIST",
                         help="curvature: comma-separated Hessian batches m_h (default 10,50,100,200,500,1000)")
+    parser.add_argument("--objective", choices=["paper", "debiased"], default=None,
+                        help="fewshot: meta-training objective, the paper's first-order variant (default) or SG-MRL's debiased "
+                        "E[J(θ + α ĝ_in)] with its unbiased meta-gradient (beyond the paper)")
+    parser.add_argument("--adaptation-baseline", choices=["none", "loo", "mean"], default=None,
+                        help="fewshot: baseline of the adaptation gradient (meta-training's inner step and the held-out step): "
+                        "none (the paper's, default), loo (leave-one-out time-dependent mean reward-to-go, unbiased) or mean")
     parser.set_defaults(func=cmd_reproduce)
 

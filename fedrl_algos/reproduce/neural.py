@@ -36,12 +36,14 @@ from typing import Any, Self
 
 import torch
 
+from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
 from fedrl_algos.core.curvature import check_curvature, curvature_vector_product
 from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.sampling import rollout
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
+from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
 from fedrl_algos.policies.mlp_kernels import mlp_rollout
 from fedrl_algos.reproduce.common import (
@@ -225,6 +227,9 @@ class MetaSweep:
 
     :param seeds: run seeds ``[R]``
     :param m_hs: one entry per setting: an int m_h (exact variant) or ``None`` (first order)
+    :param objective: ``"paper"``, or ``"debiased"`` (every setting is then the debiased
+        meta-gradient of :mod:`fedrl_algos.per_fedavg_pg.debiased`; ``m_hs`` must be ``[None]``)
+    :param inner_baseline: baseline of the inner step ĝ_in (:mod:`fedrl_algos.core.adaptation`)
     :param estimators: one curvature estimator per setting (:data:`~fedrl_algos.core.curvature.CURVATURES`;
         default ``"paper"`` for every setting; ignored for first-order settings)
     """
@@ -241,6 +246,8 @@ class MetaSweep:
         m_out: int = 10,
         gamma: float = GAMMA,
         family=ARC_NAVIGATION,
+        objective: str = "paper",
+        inner_baseline: str | None = None,
         estimators: Sequence[str] | None = None,
     ) -> None:
         self.policy, self.family = policy, family
@@ -257,7 +264,15 @@ class MetaSweep:
         agent_params = params_to(stack_params(tasks), self.device)
         # rows (setting, seed) flattened setting-major; every setting reuses the seeds' streams
         self.federation = Federation(family, agent_params, policy, self.seeds.repeat(self.n_settings), gamma)
-        self.first_order = FirstOrderMetaGradient(policy, gamma, alpha, m_in, m_out)
+        if objective == "debiased":
+            if any(m_h is not None for m_h in self.m_hs):
+                raise ValueError(f"m_hs must be [None] with objective='debiased' (it draws no Hessian batch), got {self.m_hs}")
+            # the curvature-free direction of every row: here the whole debiased meta-gradient
+            self.first_order = DebiasedMetaGradient(policy, gamma, alpha, m_in, m_out, inner_baseline)
+        elif objective == "paper":
+            self.first_order = FirstOrderMetaGradient(policy, gamma, alpha, m_in, m_out, inner_baseline)
+        else:
+            raise ValueError(f"objective must be 'paper' or 'debiased', got {objective!r}")
         hess_params = params_to(_row_params(tasks, self.n_seeds), self.device)
         keys = derive_keys(self.seeds.reshape(-1, 1), torch.arange(self.n_agents).reshape(1, -1) + _HESSIAN_STREAM)
         self.hessian_samplers = {
@@ -550,12 +565,14 @@ def fresh_initializations(policy: FastMlpPolicy, seeds: torch.Tensor) -> torch.T
 
 
 def adapt_one_step(policy, family, params, theta: torch.Tensor, streams: RandomStreams, counts: Sequence[int],
-                   alpha: float) -> torch.Tensor:
+                   alpha: float, baseline: str | None = None) -> torch.Tensor:
     """One PG step per row of ``theta [C, *B, d]``: row ``c`` uses the first ``counts[c]`` of its trajectories.
 
     One rollout of ``max(counts)`` trajectories per row (its own stream) and one closed-form policy
     gradient: trajectories beyond a row's count are masked out and the estimate is rescaled, so a
     row with count m is exactly the m-trajectory estimate. Rows with count 0 are left unchanged.
+    ``baseline`` is that of the adaptation gradient (:mod:`fedrl_algos.core.adaptation`); masked-out
+    trajectories never enter a row's baseline (it averages running trajectories only).
     """
     m = max(counts)
     if m == 0:
@@ -564,7 +581,7 @@ def adapt_one_step(policy, family, params, theta: torch.Tensor, streams: RandomS
     count = torch.tensor(list(counts), device=theta.device).reshape(-1, *([1] * (theta.dim() - 1)))
     keep = (torch.arange(m, device=theta.device) < count).to(traj.mask.dtype)  # [C, *1, m]
     masked = traj._replace(mask=traj.mask * keep.unsqueeze(-1), rewards=traj.rewards * keep.unsqueeze(-1))
-    grad = policy_gradient(policy, theta, masked, GAMMA) * (m / count.clamp(min=1).to(theta.dtype))
+    grad = adaptation_gradient(policy, theta, masked, GAMMA, baseline) * (m / count.clamp(min=1).to(theta.dtype))
     return theta + alpha * grad
 
 
@@ -603,6 +620,17 @@ class FewShotConfig(MetaTrainingConfig):
     """step size of the from-scratch PG steps"""
     eval_trajectories: int = 1000
     """evaluation rollouts per (seed, held-out goal)"""
+    objective: str = "paper"
+    """meta-training objective: ``"paper"`` (the first-order variant, as the paper) or ``"debiased"``
+    (SG-MRL's E_{D_in}[J(θ + α ĝ_in)] with its unbiased meta-gradient, m_in + m_out trajectories per step)"""
+    adaptation_baseline: str | None = None
+    """baseline of every adaptation gradient (meta-training's inner step and the held-out step):
+    ``None`` (the paper's), ``"loo"`` (leave-one-out, unbiased) or ``"mean"``"""
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("paper", "debiased"):
+            raise ValueError(f"objective must be 'paper' or 'debiased', got {self.objective!r}")
+        check_adaptation_baseline(self.adaptation_baseline)
 
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 4 rounds of 2 local steps, m_adapt ∈ {0, 20, 50}, 1 and 5 steps."""
@@ -710,9 +738,12 @@ class FewShotExperiment(Experiment[FewShotConfig]):
         return paths
 
 
-def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str) -> torch.Tensor:
-    """First-order Per-FedAvg-PG on the 6 training goals for every seed at once: ``[R, d]``."""
-    sweep = MetaSweep(policy, seeds.tolist(), [None], cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out)
+def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str,
+                           objective: str = "paper", inner_baseline: str | None = None) -> torch.Tensor:
+    """First-order Per-FedAvg-PG on the 6 training goals for every seed at once: ``[R, d]``
+    (``objective="debiased"``: the debiased meta-gradient instead; ``inner_baseline``: of ĝ_in)."""
+    sweep = MetaSweep(policy, seeds.tolist(), [None], cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out,
+                      objective=objective, inner_baseline=inner_baseline)
     bar = _progress(cfg.rounds, progress, desc)
     for _ in range(cfg.rounds):
         sweep.round()
@@ -730,7 +761,8 @@ def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> d
     seeds = torch.arange(n_seeds)
     heldout = family.heldout_tasks
     n_goals = len(heldout)
-    theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training")  # [R, d]
+    theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training", cfg.objective,
+                                        cfg.adaptation_baseline)  # [R, d]
     # --- meta-init adaptation: rows [len(m_adapt), R, goals] -----------------------------------
     m_adapt = list(cfg.m_adapt)
     n_m = len(m_adapt)
@@ -739,7 +771,7 @@ def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> d
     params_m = params_to(_row_params(heldout, n_m * n_seeds), policy.theta.device)
     theta_m = theta_meta.reshape(1, n_seeds, 1, -1).expand(n_m, n_seeds, n_goals, -1).contiguous()
     theta_m = adapt_one_step(policy, family, params_m, theta_m, RandomStreams(keys, policy.theta.device), m_adapt,
-                             cfg.alpha)
+                             cfg.alpha, cfg.adaptation_baseline)
     # --- from scratch: rows [R, goals] from a fresh init per seed, snapshots at every budget ------
     steps = list(cfg.scratch_steps)
     init = fresh_initializations(policy, seeds)  # [R, d]
@@ -796,6 +828,13 @@ def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> d
         f"snapshot of one run of {max(steps)} PG steps (batch {cfg.scratch_batch}, β={cfg.scratch_beta:g}), so budgets are nested.",
         f"Meta-init adaptation: one PG step (α={cfg.alpha:g}) per held-out goal; each m_adapt setting is an independent batch.",
     ]
+    if cfg.objective != "paper" or cfg.adaptation_baseline is not None:
+        notes.append(
+            f"Beyond the paper: meta-training objective {cfg.objective!r} ('paper': the first-order variant; 'debiased': "
+            f"SG-MRL's E[J(θ + α ĝ_in)] with its unbiased meta-gradient), adaptation baseline {cfg.adaptation_baseline!r} "
+            "(in meta-training's inner step and in the held-out step; 'loo' = leave-one-out time-dependent mean reward-to-go). "
+            "The paper's columns are its first-order, no-baseline numbers."
+        )
     return {"records": records, "notes": notes, "theta_meta": theta_meta, "policy": policy}
 
 

@@ -1,0 +1,60 @@
+"""The adaptation (inner) policy gradient ĝ_in, with an optional variance-reducing baseline.
+
+The paper's adaptation step uses the estimate of eq. (2), ``ĝ = (1/m) Σ_j Σ_h R^h_j ∇log π(a_{j,h}|s_{j,h})``
+with the reward-to-go ``R^h = Σ_{t≥h} γ^t r_t`` (a GPOMDP sum without a baseline). With
+``baseline="loo"`` each reward-to-go is reduced by the time-dependent mean reward-to-go of the
+*other* trajectories of the batch that are still running at h,
+
+    ψ_{j,h} = R^h_j − b_{j,h},   b_{j,h} = mean_{k≠j} R^h_k,
+
+which does not depend on trajectory j, so ``E[ĝ] = ∇J`` still holds exactly (for m ≥ 2; with one
+trajectory there is nothing to leave out and b = 0). ``baseline="mean"`` includes j itself: a bias
+of O(1/m), as :func:`~fedrl_algos.core.gpomdp.time_baseline` documents. The baselines are
+computed per batch row, so the estimate of a row depends on its own trajectories only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedrl_algos.core.estimators import policy_gradient, reward_to_go_weights
+from fedrl_algos.core.gpomdp import gpomdp_weights
+from fedrl_algos.core.trajectories import Trajectories
+
+__all__ = ["ADAPTATION_BASELINES", "check_adaptation_baseline", "adaptation_weights", "adaptation_gradient"]
+
+#: accepted values of ``adaptation_baseline`` (``None``: the paper's estimator, eq. (2))
+ADAPTATION_BASELINES = (None, "loo", "mean")
+
+
+def check_adaptation_baseline(baseline: Any, name: str = "adaptation_baseline") -> str | None:
+    """``baseline`` if it is one of :data:`ADAPTATION_BASELINES`, else a ``ValueError`` naming ``name``."""
+    if baseline is not None and not isinstance(baseline, str):
+        raise TypeError(f"{name} must be None or one of {ADAPTATION_BASELINES[1:]}, got {type(baseline).__name__}")
+    if baseline not in ADAPTATION_BASELINES:
+        raise ValueError(f"{name} must be one of {ADAPTATION_BASELINES}, got {baseline!r}")
+    return baseline
+
+
+def adaptation_weights(traj: Trajectories, gamma: float, baseline: str | None = None) -> torch.Tensor:
+    """The step weights ``ψ [*B, m, T]`` of the adaptation gradient: ``R^h`` (``None``) or ``R^h − b_{j,h}``."""
+    if baseline is None:
+        return reward_to_go_weights(traj, gamma)
+    return gpomdp_weights(traj, gamma, check_adaptation_baseline(baseline, "baseline"))
+
+
+def adaptation_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, baseline: str | None = None) -> torch.Tensor:
+    """``ĝ_in [*B, d]`` from trajectories sampled at ``theta [*B, d]`` (``baseline=None``: exactly
+    :func:`~fedrl_algos.core.estimators.policy_gradient`).
+
+    :param policy: a flat policy
+    :param theta: parameters ``[*B, d]`` the trajectories were sampled with
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param gamma: discount
+    :param baseline: ``None``, ``"loo"`` or ``"mean"`` (see the module docstring)
+    """
+    if baseline is None:
+        return policy_gradient(policy, theta, traj, gamma)
+    return policy.score_gradient(theta, traj, adaptation_weights(traj, gamma, baseline))

@@ -1,0 +1,354 @@
+"""fedrl on Flower: the agent and server halves of every algorithm, Flower's simulation engine
+(Ray) and a real deployment on loopback.
+
+* The halves, without Flower: one round assembled from :class:`AgentWorker` replies equals the
+  in-process round bit for bit, for every algorithm; bad replies are rejected and leave the model
+  as if the agent had not taken part.
+* Simulation: ``simulate(model, n)`` equals ``model.learn(total_rounds=n)`` bit for bit on CPU
+  (Per-FedAvg-PG, MFPO with its momentum state across rounds, FedPG-BR with its filter decisions);
+  clients that raise, time out, or reply with NaN or wrong shapes are rejected and the round goes on;
+  too few valid replies skip the round; a killed ServerApp resumes from its checkpoint and ends
+  equal to an uninterrupted run.
+* Deployment: a SuperLink and 4 SuperNodes as processes, TLS and SuperNode authentication, 2 rounds
+  equal to the in-process run; an unregistered SuperNode is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+pytest.importorskip("ray")
+
+from flwr.app import Array, ArrayRecord, Message, RecordDict  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+
+from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG  # noqa: E402
+from fedrl_algos.core.aggregation import RejectedUpdateWarning  # noqa: E402
+from fedrl_algos.flower import AgentWorker, RoundReplies, protocol_for, simulate  # noqa: E402
+from fedrl_algos.flower.app_dir import write_app  # noqa: E402
+from fedrl_algos.flower.local import LocalDeployment  # noqa: E402
+
+GRID = "fedrl/GridWorld-v0"
+
+
+def _models():
+    return {
+        "per_fedavg_pg": lambda: PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu", local_steps=2),
+        "per_fedavg_pg_sampled": lambda: PerFedAvgPG("TabularPolicy", GRID, seed=5, device="cpu", local_steps=2, agents_per_round=3),
+        "fedavg_pg_sampled": lambda: FedAvgPG("TabularPolicy", GRID, seed=6, device="cpu", agents_per_round=2),
+        "fedavg_pg": lambda: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu"),
+        "fedavg_pg_adam": lambda: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu", server_optimizer="adam"),
+        "independent_pg": lambda: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu"),
+        "mfpo": lambda: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=4, initial_trajectories=8),
+        "fedpg_br": lambda: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", byzantine_agents=[3, 5], attack="sign_flip"),
+    }
+
+
+def _params(model) -> torch.Tensor:
+    return model.agent_theta if isinstance(model, IndependentPG) else model.theta
+
+
+def _round_by_halves(server, workers, faults=None, min_replies=1):
+    """One round assembled from the protocol's halves, as a Strategy does it (no Flower)."""
+    protocol = protocol_for(server)
+    asked = protocol.participants()
+    got, failures = {}, {}
+    for agent in asked:
+        arrays, config = protocol.train_message(agent)
+        reply = protocol.agent_round(workers[agent], arrays, config, workers[agent].state)
+        protocol.store_counters(agent, reply.arrays.pop("stream-counters"))
+        fault = (faults or {}).get(agent)
+        if fault == "raise":
+            failures[agent] = "client error: boom"
+            continue
+        if fault == "nan":
+            reply.arrays = {k: np.full_like(v, np.nan) for k, v in reply.arrays.items()}
+        if fault == "shape":
+            reply.arrays = {k: v[:-1] for k, v in reply.arrays.items()}
+        got[agent] = reply
+    return protocol.server_update(RoundReplies(asked, got, failures), min_replies)
+
+
+def _workers(model):
+    workers = {}
+    for agent in range(model.n_agents):
+        worker = AgentWorker(copy.deepcopy(model), agent)
+        worker.state = {}
+        workers[agent] = worker
+    return workers
+
+
+@pytest.mark.parametrize("name", list(_models()))
+def test_halves_equal_the_in_process_round(name):
+    make = _models()[name]
+    reference, server = make(), make()
+    workers = _workers(server)
+    reference.learn(total_rounds=3)
+    for _ in range(3):
+        server._round_rejected, server._round_skipped = 0, 0
+        _round_by_halves(server, workers)
+        server.rounds_done += 1
+    assert torch.equal(_params(reference), _params(server))
+    if name == "mfpo":
+        assert torch.equal(reference.agent_direction, server.agent_direction)
+        assert torch.equal(reference.agent_theta_prev, server.agent_theta_prev)
+    if name == "fedpg_br":
+        assert reference.filter_history == server.filter_history
+
+
+@pytest.mark.parametrize("name", ["per_fedavg_pg", "mfpo", "fedpg_br"])
+def test_bad_replies_are_rejected_and_the_round_uses_the_others(name):
+    make = _models()[name]
+    faulty, server = make(), make()
+    faults = {1: "raise", 2: "nan", 4: "shape"}
+    with pytest.warns(RejectedUpdateWarning) as caught:
+        _round_by_halves(faulty, _workers(faulty), faults)
+    text = " ".join(str(w.message) for w in caught)
+    for agent, word in ((1, "boom"), (2, "not finite"), (4, "shape")):
+        assert f"agent {agent}" in text and word in text
+    # The same round where the three agents are absent and marked invalid from the start.
+    protocol = protocol_for(server)
+    workers = _workers(server)
+    asked = protocol.participants()
+    got = {}
+    for agent in asked:
+        arrays, config = protocol.train_message(agent)
+        reply = protocol.agent_round(workers[agent], arrays, config, {})
+        protocol.store_counters(agent, reply.arrays.pop("stream-counters"))
+        if agent not in faults:
+            got[agent] = reply
+    with pytest.warns(RejectedUpdateWarning):
+        protocol.server_update(RoundReplies(asked, got, {a: "absent" for a in faults}), 1)
+    assert torch.equal(faulty.theta, server.theta)
+    assert bool(torch.isfinite(faulty.theta).all())
+
+
+def test_too_few_valid_replies_skip_the_round():
+    model = _models()["per_fedavg_pg"]()
+    before = model.theta
+    with pytest.warns(RejectedUpdateWarning, match="round skipped"):
+        outcome = _round_by_halves(model, _workers(model), {a: "raise" for a in range(1, model.n_agents)}, min_replies=2)
+    assert outcome["skipped"]
+    assert torch.equal(model.theta, before)
+
+
+def test_mfpo_agent_keeps_its_previous_parameters_between_rounds():
+    server = _models()["mfpo"]()
+    workers = _workers(server)
+    protocol = protocol_for(server)
+    _round_by_halves(server, workers)
+    server.rounds_done += 1
+    arrays, _ = protocol.train_message(0)
+    assert "theta-prev" not in arrays  # the agent holds its own θ^(t-1) now
+    assert np.array_equal(workers[0].state["mfpo-theta-prev"], server.agent_theta_prev[0].numpy())
+    lost = AgentWorker(copy.deepcopy(server), 0)
+    arrays, config = protocol.train_message(0)
+    with pytest.raises(ValueError, match="state lost"):
+        protocol.agent_round(lost, arrays, config, {})
+
+
+def test_unsupported_federations_are_refused():
+    from stable_baselines3 import PPO
+
+    from fedrl_algos import FedAvgSB3
+
+    with pytest.raises(TypeError, match="PerFedAvgPG"):
+        protocol_for(FedAvgSB3(PPO, "CartPole-v1", n_agents=2, seed=0, device="cpu"))
+    colluding = FedPGBR("TabularPolicy", GRID, seed=0, device="cpu", byzantine_agents=[1], attack="fedscspg")
+    with pytest.raises(ValueError, match="pools"):
+        protocol_for(colluding).train_message(0)
+    generic = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=2, seed=0, device="cpu", horizon=20)
+    with pytest.raises(ValueError, match="Gymnasium env"):
+        AgentWorker(generic, 0)
+    with pytest.raises(ValueError, match="num_supernodes"):
+        simulate(_models()["per_fedavg_pg"](), 1, num_supernodes=3)
+    with pytest.raises(ValueError, match="agent must be"):
+        AgentWorker(_models()["per_fedavg_pg"](), 8)
+
+
+def test_app_directory_is_a_valid_flower_app(tmp_path):
+    from flwr.common.config import get_fab_config, validate_config  # noqa: F401
+
+    model = _models()["per_fedavg_pg"]()
+    model.save(tmp_path / "model.zip")
+    app = write_app(tmp_path / "app", tmp_path / "model.zip", num_rounds=3)
+    import tomli
+
+    config = tomli.loads((app / "pyproject.toml").read_text())
+    ok, errors, _ = validate_config(config, check_module=False, project_dir=app)
+    assert ok, errors
+    assert config["tool"]["flwr"]["app"]["config"]["num-rounds"] == 3
+    with pytest.raises(FileNotFoundError, match="model_path"):
+        write_app(tmp_path / "app2", tmp_path / "missing.zip")
+
+
+# --- Flower's simulation engine -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3)])
+def test_simulation_equals_learn(name, rounds):
+    make = _models()[name]
+    reference = make().learn(total_rounds=rounds)
+    trained = simulate(make(), num_rounds=rounds)
+    assert torch.equal(reference.theta, trained.theta)
+    assert trained.rounds_done == reference.rounds_done == rounds
+    assert trained.num_timesteps == reference.num_timesteps
+    if name == "mfpo":
+        assert torch.equal(reference.agent_theta_prev, trained.agent_theta_prev)
+    if name == "fedpg_br":
+        assert reference.filter_history == trained.filter_history
+
+
+class _Rounds(BaseCallback):
+    """Records what the server saw each round."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[int, int, torch.Tensor]] = []
+
+    def _on_step(self) -> bool:
+        self.seen.append((self.model._round_rejected, self.model._round_skipped, self.model.theta))
+        return True
+
+
+def _fault_mod(plan):
+    """A Flower client mod: in round r, agent a does plan[(r, a)] instead of replying honestly."""
+
+    def mod(msg, context, call_next):
+        if msg.metadata.message_type != "train":
+            return call_next(msg, context)
+        fault = plan.get((int(msg.content["config"]["server-round"]), int(context.node_config["partition-id"])))
+        if fault == "raise":
+            raise RuntimeError("injected client failure")
+        if fault == "sleep":
+            time.sleep(6.0)
+        reply = call_next(msg, context)
+        if fault in ("nan", "shape"):
+            arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
+            arrays["theta"] = np.full_like(arrays["theta"], np.nan) if fault == "nan" else arrays["theta"][:-1]
+            content = RecordDict({"arrays": ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
+                                  "metrics": reply.content["metrics"]})
+            reply = Message(content, reply_to=msg)
+        return reply
+
+    return mod
+
+
+def test_simulation_survives_faulty_clients():
+    make = _models()["per_fedavg_pg"]
+    plan = {(1, 1): "raise", (1, 2): "nan", (1, 3): "shape", (1, 4): "sleep"}
+    plan.update({(2, a): "raise" for a in range(1, 8)})
+    rounds = _Rounds()
+    trained = simulate(make(), num_rounds=2, round_timeout=4.0, min_train_nodes=2, callback=rounds, client_mods=[_fault_mod(plan)])
+    (rejected_1, skipped_1, theta_1), (rejected_2, skipped_2, theta_2) = rounds.seen
+    assert (rejected_1, skipped_1) == (4, 0)
+    assert skipped_2 == 1
+    assert torch.equal(theta_2, theta_1) and torch.equal(trained.theta, theta_1)
+    # Round 1 equals the round of the halves with agents 1-4 failing.
+    reference = make()
+    with pytest.warns(RejectedUpdateWarning):
+        _round_by_halves(reference, _workers(reference), {1: "raise", 2: "nan", 3: "shape", 4: "raise"})
+    assert torch.equal(theta_1, reference.theta)
+
+
+class _Crash(BaseCallback):
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    def _on_step(self) -> bool:
+        if self.model.rounds_done >= self.after:
+            raise RuntimeError("server killed")
+        return True
+
+
+@pytest.mark.parametrize("name", ["mfpo"])
+def test_restarted_server_resumes_from_its_checkpoint(name, tmp_path):
+    make = _models()[name]
+    checkpoint = tmp_path / "server.zip"
+    with pytest.raises(RuntimeError, match="server killed"):
+        simulate(make(), num_rounds=4, checkpoint_path=checkpoint, callback=_Crash(2))
+    assert checkpoint.is_file()
+    resumed = simulate(make(), num_rounds=4, checkpoint_path=checkpoint)
+    reference = make().learn(total_rounds=4)
+    assert resumed.rounds_done == 4
+    assert torch.equal(resumed.theta, reference.theta)
+    assert torch.equal(resumed.agent_theta_prev, reference.agent_theta_prev)
+
+
+# --- deployment: real processes on loopback -----------------------------------------------------
+
+
+def test_deployment_matches_learn_and_refuses_unregistered_supernodes(tmp_path):
+    agents = [{"goal": (0, 0)}, {"goal": (4, 4)}, {"goal": (0, 4)}, {"goal": (4, 0)}]
+
+    def make():
+        return PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu", local_steps=2, agent_kwargs=agents)
+
+    make().save(tmp_path / "model.zip")
+    app = write_app(tmp_path / "app", tmp_path / "model.zip", num_rounds=2, output_path=tmp_path / "trained.zip", node_timeout=60)
+    with LocalDeployment(tmp_path / "deployment", n_supernodes=4, secure=True, unregistered_supernodes=1) as deployment:
+        done = deployment.run(app, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        intruder = deployment.processes["unregistered-0"]
+        deadline = time.monotonic() + 30
+        while intruder.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert intruder.poll() not in (None, 0)
+        assert "Failed to activate SuperNode" in deployment.log("unregistered-0")
+    trained = PerFedAvgPG.load(tmp_path / "trained.zip", device="cpu")
+    reference = make().learn(total_rounds=2)
+    assert trained.rounds_done == 2
+    assert torch.equal(trained.theta, reference.theta)
+
+
+# --- Flower's robust strategies in place of FedPG-BR's filter -----------------------------------
+
+
+def test_flower_aggregators_apply_flowers_rules():
+    from fedrl_algos.flower.robust import flower_aggregator
+
+    honest = torch.tensor([[1.0, 0.0], [1.1, 0.1], [0.9, -0.1], [1.0, 0.05]], dtype=torch.float64)
+    grads = torch.cat([honest, torch.tensor([[-50.0, 40.0]], dtype=torch.float64)]).unsqueeze(0)  # [1, 5, 2]
+    usable = torch.ones(1, 5, dtype=torch.bool)
+    mu, kept = flower_aggregator("krum", num_malicious_nodes=1)(grads, usable)
+    assert int(kept.sum()) == 1 and not bool(kept[0, 4])
+    mu, kept = flower_aggregator("multikrum", num_malicious_nodes=1)(grads, usable)
+    assert kept[0].tolist() == [True, True, True, True, False]
+    assert torch.allclose(mu[0], honest.mean(0))
+    mu, _ = flower_aggregator("fedmedian")(grads, usable)
+    assert torch.equal(mu[0], torch.as_tensor(np.median(grads[0].numpy(), axis=0)))
+    unusable = usable.clone()
+    unusable[0, 0] = False
+    _, kept = flower_aggregator("fedtrimmedavg", beta=0.2)(grads, unusable)
+    assert kept[0].tolist() == [False, True, True, True, True]
+    with pytest.raises(ValueError, match="name must be one of"):
+        flower_aggregator("bulyan")
+
+
+def test_robust_comparison_runs_through_the_flower_round():
+    from fedrl_algos.flower.robust import comparison_table, gridworld_comparison
+
+    records = gridworld_comparison(attacks=("sign_flip",), aggregators=("fedpg_br", "multikrum"), seeds=(0,), rounds=3)
+    assert [(r["attack"], r["aggregator"]) for r in records] == [("sign_flip", "fedpg_br"), ("sign_flip", "multikrum")]
+    assert all(0.0 < r["score"] < 10.0 for r in records)
+    assert "| sign_flip |" in comparison_table(records)
+    # The filter's run is the plain FedPG-BR federation's in-process result.
+    reference = FedPGBR("TabularPolicy", GRID, step_size=0.5, batch_range=(4, 6), seed=0, device="cpu",
+                        byzantine_agents=[5, 6, 7], attack="sign_flip").learn(total_rounds=3)
+    assert records[0]["score"] == pytest.approx(float(reference.evaluator.returns(reference.theta.to(torch.float64)).mean()), abs=0)
+
+
+def test_cli_app_writes_a_runnable_app(tmp_path, capsys):
+    from fedrl_algos.cli import main
+
+    assert main(["flower", "app", str(tmp_path / "app"), "--algo", "per_fedavg_pg", "--model", str(tmp_path / "m.zip"), "--rounds", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "flower-superlink" in out and "partition-id=7" in out
+    assert (tmp_path / "app" / "pyproject.toml").is_file() and (tmp_path / "m.zip").is_file()
