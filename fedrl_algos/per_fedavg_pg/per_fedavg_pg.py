@@ -16,6 +16,7 @@ from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
 from fedrl_algos.core.adaptation import check_adaptation_baseline
+from fedrl_algos.core.curvature import check_curvature
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
@@ -85,6 +86,12 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         training, the logged evaluation and :meth:`adapt`: ``None`` (default, the paper's eq. (2)),
         ``"loo"`` (time-dependent mean reward-to-go of the other trajectories of the batch;
         unbiased, lower variance) or ``"mean"`` (including the trajectory itself; biased by O(1/m))
+    :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"paper"`` (eq. (3), default),
+        ``"causal"`` (Hessian of a causality-respecting surrogate with a leave-one-out per-step
+        baseline: unbiased, lower variance) or ``"lvc"`` (ProMP's low-variance curvature, **biased**);
+        see ``docs/algorithms/per_fedavg_pg.md``. Other values need ``variant="exact"`` and
+        ``objective="paper"`` (the only estimator with a curvature batch). Saved with the model;
+        files saved without it load as ``"paper"``
     :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
         accepted with a ``DeprecationWarning`` for one release
 
@@ -126,6 +133,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         normalize_observations: bool = False,
         objective: str = "paper",
         adaptation_baseline: str | None = None,
+        curvature: str = "paper",
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -150,6 +158,12 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         self.m_h = check_int("m_h", m_h)
         self.m_out = check_int("m_out", m_out)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
+        self.curvature = check_curvature(curvature)
+        if curvature != "paper" and (variant != "exact" or objective != "paper"):
+            raise ValueError(
+                f"curvature={curvature!r} needs variant='exact' and objective='paper' (only that estimator has a "
+                f"curvature batch), got variant={variant!r}, objective={objective!r}"
+            )
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
         self.control_variates = check_control_variates(control_variates)
@@ -185,7 +199,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
             return DebiasedMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
         if self.variant == "exact":
             return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk,
-                                     inner_baseline=baseline)
+                                     inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"))
         return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
 
     def _excluded_save_params(self) -> list[str]:

@@ -4,7 +4,8 @@ Paper: "Personalized Federated Policy Gradient" (Per-FedAvg-PG). Every agent i a
 meta-objective ``F_i(θ) = J_i(θ + α∇J_i(θ))`` (eq. (5)); its gradient is eq. (6),
 ``∇F_i(θ) = (I + α∇²J_i(θ)) ∇J_i(θ + α∇J_i(θ))``, estimated by
 
-* :class:`ExactMetaGradient` — eq. (7), ``(I + αĤ) ĝ_out``;
+* :class:`ExactMetaGradient` — eq. (7), ``(I + αĤ) ĝ_out`` (``Ĥ``: eq. (3), or the causal or LVC
+  estimator of :mod:`fedrl_algos.core.curvature`);
 * :class:`FirstOrderMetaGradient` — section 5, ``ĝ_out`` alone;
 
 and :func:`per_fedavg_pg_round` is one communication round of Algorithm 1.
@@ -17,6 +18,7 @@ import torch
 from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
 from fedrl_algos.core.aggregation import OnReject
 from fedrl_algos.core.control_variates import ControlVariates
+from fedrl_algos.core.curvature import check_curvature, curvature_hvp, curvature_weights
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
 from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
 from fedrl_algos.core.federation import Federation
@@ -74,6 +76,11 @@ class ExactMetaGradient(_MetaBase):
     policy's closed form where it has one, autograd otherwise), computed in chunks of at most
     ``hvp_chunk`` trajectories to keep intermediates cache-sized.
 
+    ``curvature`` chooses the estimator ``Ĥ`` (:mod:`fedrl_algos.core.curvature`): ``"paper"``
+    (eq. (3), the default), ``"causal"`` (the Hessian of a causality-respecting DiCE surrogate with
+    a leave-one-out per-step baseline: unbiased, lower variance) or ``"lvc"`` (ProMP's low-variance
+    curvature: **biased**, for comparison).
+
     :param policy: the flat policy
     :param gamma: discount γ
     :param alpha: adaptation step size α (a number, or a tensor broadcastable to θ, e.g. ``[R, 1, 1]``
@@ -83,6 +90,7 @@ class ExactMetaGradient(_MetaBase):
     :param m_out: outer batch
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product
     :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``: :mod:`fedrl_algos.core.adaptation`)
+    :param curvature: ``"paper"``, ``"causal"`` or ``"lvc"`` (:data:`~fedrl_algos.core.curvature.CURVATURES`)
     """
 
     name = "exact"
@@ -90,10 +98,12 @@ class ExactMetaGradient(_MetaBase):
     def __init__(
         self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100,
         inner_baseline: str | None = None,
+        curvature: str = "paper",
     ) -> None:
         super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline)
         self.m_h = check_int("m_h", m_h)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
+        self.curvature_estimator = check_curvature(curvature)
 
     @property
     def trajectories_per_step(self) -> int:
@@ -113,6 +123,8 @@ class ExactMetaGradient(_MetaBase):
     def curvature(self, sampler: SamplerFn, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``Ĥ v`` from a fresh batch of ``m_h`` trajectories at θ."""
         traj = sampler(theta, self.m_h)
+        if self.curvature_estimator != "paper":
+            return self._coupled_curvature(theta, traj, v)
         if self.m_h <= self.hvp_chunk:
             return hessian_vector_product(self.policy, theta, traj, v, self.gamma)
         total = torch.zeros_like(theta)
@@ -120,6 +132,20 @@ class ExactMetaGradient(_MetaBase):
         for start in range(0, self.m_h, self.hvp_chunk):
             part = Trajectories(*(x.narrow(m_axis, start, min(self.hvp_chunk, self.m_h - start)) for x in traj))
             total = total + hessian_vector_product(self.policy, theta, part, v, self.gamma) * part.n_trajectories
+        return total / self.m_h
+
+    def _coupled_curvature(self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor) -> torch.Tensor:
+        # The baseline couples the batch's trajectories: weights on the whole batch, then chunks.
+        weights = curvature_weights(traj, self.gamma, self.curvature_estimator)
+        if self.m_h <= self.hvp_chunk:
+            return curvature_hvp(self.policy, theta, traj, v, weights, self.curvature_estimator)
+        total = torch.zeros_like(theta)
+        m_axis = theta.dim() - 1
+        for start in range(0, self.m_h, self.hvp_chunk):
+            size = min(self.hvp_chunk, self.m_h - start)
+            part = Trajectories(*(x.narrow(m_axis, start, size) for x in traj))
+            hv = curvature_hvp(self.policy, theta, part, v, weights.narrow(m_axis, start, size), self.curvature_estimator)
+            total = total + hv * size
         return total / self.m_h
 
 

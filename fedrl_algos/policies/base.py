@@ -23,6 +23,7 @@ from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
 from torch import nn
 
+from fedrl_algos.core.curvature import autograd_curvature_hvp
 from fedrl_algos.core.estimators import autograd_hvp, autograd_score_gradient
 from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
@@ -96,6 +97,24 @@ class FlatPolicy(BasePolicy):
         :param weights: step weights ``ψ [*B, m, T]``
         """
         return autograd_hvp(self, theta, traj, v, weights)
+
+    def curvature_hvp(
+        self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str
+    ) -> torch.Tensor:
+        """A curvature estimate ``(1/m) Σ_ξ [Σ_h ω_h ∇log π_h + Σ_h ψ_h ∇²log π_h v]`` applied to ``v``: ``[*B, d]``.
+
+        ``ω`` couples the directional scores ``∇log π_hᵀv`` to the weights as ``coupling`` says
+        (:func:`~fedrl_algos.core.curvature.coupled_score_weights`: ``"paper"`` is :meth:`hvp`,
+        ``"causal"`` the causality-respecting estimator, ``"lvc"`` ProMP's biased one). The default
+        uses autograd (:func:`~fedrl_algos.core.curvature.autograd_curvature_hvp`).
+
+        :param theta: parameters ``[*B, d]`` the trajectories were sampled with
+        :param traj: trajectories ``[*B, m, T, ...]``
+        :param v: direction ``[*B, d]``
+        :param weights: step weights ``ψ [*B, m, T]``
+        :param coupling: ``"paper"``, ``"causal"`` or ``"lvc"``
+        """
+        return autograd_curvature_hvp(self, theta, traj, v, weights, coupling)
 
     def kernel_rollout_plan(self, family: Any, params: Any) -> KernelRolloutPlan | None:
         """A faster rollout of this policy through ``family``'s kernels on task rows ``params``.

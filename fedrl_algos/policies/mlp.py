@@ -203,6 +203,14 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             return mlp_hvp(self, theta, traj, v, weights)
         return super().hvp(theta, traj, v, weights)
 
+    def curvature_hvp(
+        self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str
+    ) -> torch.Tensor:
+        """:meth:`FlatPolicy.curvature_hvp`; the closed form of :meth:`hvp` with another coupling for the paper's softmax MLP."""
+        if self.is_softmax_mlp:
+            return mlp_hvp(self, theta, traj, v, weights, coupling=coupling)
+        return super().curvature_hvp(theta, traj, v, weights, coupling)
+
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(

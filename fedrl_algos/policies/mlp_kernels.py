@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
 from fedrl_envs.core import repeat_params
 from fedrl_envs.rng import RandomStreams
@@ -285,11 +286,14 @@ def _contributing_first(weight: torch.Tensor, per_row: int) -> tuple[torch.Tenso
 
 def mlp_hvp(
     policy: MlpPolicy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor,
-    chunk_samples: int | None = None,
+    chunk_samples: int | None = None, coupling: str = "paper",
 ) -> torch.Tensor:
     """Closed form of :func:`~fedrl_algos.core.estimators.autograd_hvp`: ``(1/m) Σ_ξ u(ξ; θ) v``, ``[*B, d]``.
 
-    Arguments as for :func:`mlp_policy_gradient`, and the direction ``v [*B, d]``.
+    Arguments as for :func:`mlp_policy_gradient`, the direction ``v [*B, d]``, and ``coupling``: how
+    the directional scores enter the output signal's first-order weights (``"paper"``: ``c_ξ ψ_h``;
+    ``"causal"``/``"lvc"``: :func:`~fedrl_algos.core.curvature.coupled_score_weights`; every tile
+    holds whole trajectories, so the per-trajectory prefix and suffix sums are tile-local).
 
     Trajectories without weight (all ``ψ_h = 0``) contribute exactly zero and are skipped: each row
     processes its rewarded trajectories first, in tiles of a fixed number of trajectories, and
@@ -339,8 +343,9 @@ def mlp_hvp(
             dl = torch.baddbmm(rows_of(c2).unsqueeze(-1), rows_of(v2t), hid).baddbmm_(rows_of(w2t), dh)  # [r, o, N]
             dl.sub_((probs * dl).sum(-2, keepdim=True))  # dl − pᵀdl
             score_v = torch.gather(dl, -2, act.long().unsqueeze(-2))  # [r, 1, N]
-            c = (score_v.reshape(nr, nt, steps) * _tile(mask, r0, nr, t0, nt)).sum(-1, keepdim=True)  # c_ξ
-            cw = (c * tile_weight).reshape(nr, 1, n)  # c_ξ · R^h
+            # ω_h: c_ξ · R^h for the paper's estimator (c_ξ = Σ_h ∇log π_hᵀv), other couplings by the same rule
+            cw = coupled_score_weights(score_v.reshape(nr, nt, steps) * _tile(mask, r0, nr, t0, nt), tile_weight, coupling)
+            cw = cw.reshape(nr, 1, n)
             # output signals: u = c w δ + w dδ (dδ = −p ⊙ (dl − pᵀdl)), q = w δ
             delta = _delta(probs, act)
             signals = torch.empty(nr, 2 * n_out, n, dtype=th.dtype, device=th.device)

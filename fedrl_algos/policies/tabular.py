@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from gymnasium import spaces
 
+from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
 from fedrl_envs.core import TaskFamily, alive_mask, repeat_params
@@ -137,14 +138,21 @@ class TabularPolicy(CategoricalMixin, FlatPolicy):
         ``U[s, a] = Σ ψ_h c_ξ`` and ``W[s, a] = Σ ψ_h`` over the samples in cell (s, a), the estimate is
         ``U − U_s π_s − W_s π_s ⊙ (v_s − π_s·v_s)``.
         """
+        return self.curvature_hvp(theta, traj, v, weights, "paper")
+
+    def curvature_hvp(
+        self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str
+    ) -> torch.Tensor:
+        """Closed form of :meth:`FlatPolicy.curvature_hvp`: :meth:`hvp` with ``U[s, a] = Σ ω_h`` over the
+        samples in cell (s, a), ``ω`` from the per-step ``∇log π(a_h|s_h)ᵀv`` by ``coupling``."""
         batch, n_rows, pos, key = self._index(theta, traj)
         s, a = self.n_states, self.n_actions
         probs = self.probs_table(theta).reshape(n_rows, s, a)
         v_tab = v.to(theta.dtype).expand_as(theta).reshape(n_rows, s, a)
         pv = (probs * v_tab).sum(-1, keepdim=True)  # π_s·v_s, [rows, S, 1]
         score_dot_v = v_tab.reshape(-1).index_select(0, key) - pv.reshape(-1).index_select(0, pos)
-        c = (score_dot_v.view(traj.mask.shape) * traj.mask).sum(-1, keepdim=True)  # ∇log q(ξ)ᵀv, [*B, m, 1]
-        both = torch.stack([weights * c, weights]).reshape(2, -1)  # per-sample weights U, W
+        omega = coupled_score_weights(score_dot_v.view(traj.mask.shape) * traj.mask, weights, coupling)
+        both = torch.stack([omega, weights]).reshape(2, -1)  # per-sample weights U, W
         cells = torch.zeros(2, n_rows * s * a, dtype=both.dtype, device=theta.device)
         cells = cells.index_add_(1, key, both).view(2, n_rows, s, a)
         u, w = cells[0], cells[1]

@@ -13,6 +13,7 @@ from typing import Any
 
 from fedrl_algos._cli_args import positive_float, positive_int
 from fedrl_algos.core.attacks import ATTACKS
+from fedrl_algos.core.curvature import CURVATURES
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 from fedrl_algos.reproduce.common import format_duration
 from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, SB3_REDUCED_BUDGETS
@@ -66,7 +67,8 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--no-sweeps": ("sweeps", False if args.no_sweeps else None), "--attacks": ("attacks", args.attacks),
             "--objective": ("objective", args.objective),
             # "none" is the config's default (None), so it sets nothing
-            "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline)}
+            "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline),
+            "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None))}
 
 
 def _attack_list(text: str) -> tuple[str, ...]:
@@ -78,6 +80,26 @@ def _attack_list(text: str) -> tuple[str, ...]:
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"attacks must be 'all' or comma-separated names of {sorted(ATTACKS)}, got {text!r}")
     return names
+
+
+def _estimator_list(text: str) -> tuple[str, ...]:
+    """``--estimator``: comma-separated curvature estimators of :data:`fedrl_algos.core.curvature.CURVATURES`."""
+    names = tuple(dict.fromkeys(e.strip() for e in text.split(",") if e.strip()))
+    unknown = [e for e in names if e not in CURVATURES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"estimator must be comma-separated names of {list(CURVATURES)}, got {text!r}")
+    return names
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """``--m-hs``: comma-separated positive integers."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"m-hs must be comma-separated positive integers, got {text!r}")
+    return values
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -156,6 +178,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
                         help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
                         "(default none,random_noise,sign_flip)")
+    parser.add_argument("--estimator", type=_estimator_list, default=None, metavar="LIST",
+                        help="curvature: comma-separated curvature estimators of the exact variant, each run at every m_h: "
+                        "paper (eq. (3)), causal (unbiased, baseline-corrected), lvc (ProMP's, biased) (default paper)")
+    parser.add_argument("--m-hs", type=_int_list, default=None, metavar="LIST",
+                        help="curvature: comma-separated Hessian batches m_h (default 10,50,100,200,500,1000)")
     parser.add_argument("--objective", choices=["paper", "debiased"], default=None,
                         help="fewshot: meta-training objective, the paper's first-order variant (default) or SG-MRL's debiased "
                         "E[J(θ + α ĝ_in)] with its unbiased meta-gradient (beyond the paper)")

@@ -37,7 +37,8 @@ from typing import Any, Self
 import torch
 
 from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
-from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
+from fedrl_algos.core.curvature import check_curvature, curvature_vector_product
+from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.sampling import rollout
 from fedrl_algos.core.trajectories import Trajectories
@@ -229,6 +230,8 @@ class MetaSweep:
     :param objective: ``"paper"``, or ``"debiased"`` (every setting is then the debiased
         meta-gradient of :mod:`fedrl_algos.per_fedavg_pg.debiased`; ``m_hs`` must be ``[None]``)
     :param inner_baseline: baseline of the inner step ĝ_in (:mod:`fedrl_algos.core.adaptation`)
+    :param estimators: one curvature estimator per setting (:data:`~fedrl_algos.core.curvature.CURVATURES`;
+        default ``"paper"`` for every setting; ignored for first-order settings)
     """
 
     def __init__(
@@ -245,11 +248,15 @@ class MetaSweep:
         family=ARC_NAVIGATION,
         objective: str = "paper",
         inner_baseline: str | None = None,
+        estimators: Sequence[str] | None = None,
     ) -> None:
         self.policy, self.family = policy, family
         self.device = policy.theta.device
         self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
         self.m_hs = list(m_hs)
+        self.estimators = ["paper"] * len(self.m_hs) if estimators is None else [check_curvature(e) for e in estimators]
+        if len(self.estimators) != len(self.m_hs):
+            raise ValueError(f"estimators must have one entry per setting ({len(self.m_hs)}), got {len(self.estimators)}")
         self.alpha, self.beta, self.tau, self.gamma = float(alpha), float(beta), int(tau), float(gamma)
         self.n_settings, self.n_seeds = len(self.m_hs), int(self.seeds.numel())
         tasks = family.train_tasks
@@ -289,7 +296,8 @@ class MetaSweep:
         for s, (params, streams) in self.hessian_samplers.items():
             rows = slice(s * self.n_seeds, (s + 1) * self.n_seeds)
             traj = fast_rollout(self.family, params, self.policy, local[rows], streams, self.m_hs[s])
-            direction[rows] += self.alpha * hessian_vector_product(self.policy, local[rows], traj, g_out[rows], self.gamma)
+            direction[rows] += self.alpha * curvature_vector_product(
+                self.policy, local[rows], traj, g_out[rows], self.gamma, self.estimators[s])
         return direction
 
     def round(self) -> None:
@@ -347,10 +355,27 @@ class CurvatureConfig(MetaTrainingConfig):
     """evaluation rollouts per agent, before and after adaptation"""
     eval_every: int = 25
     """rounds between evaluations (round 0 and the last round always)"""
+    estimators: tuple[str, ...] = ("paper",)
+    """curvature estimators of the exact variant (:data:`~fedrl_algos.core.curvature.CURVATURES`), each run at every m_h"""
+
+    def __post_init__(self) -> None:
+        if not self.estimators:
+            raise ValueError("estimators must name at least one curvature estimator")
+        for e in self.estimators:
+            check_curvature(e)
+        if len(set(self.estimators)) != len(self.estimators):
+            raise ValueError(f"estimators must not repeat, got {self.estimators}")
+
+    @property
+    def default_estimators(self) -> bool:
+        """Whether only the paper's estimator runs (then records and table are exactly the paper's layout)."""
+        return tuple(self.estimators) == ("paper",)
 
     def quick(self) -> Self:
-        """This config as a seconds-long smoke version: m_h ∈ {10, 100}, 3 rounds of 2 local steps, 32 rollouts."""
-        return dataclasses.replace(self, m_hs=(10, 100), rounds=3, tau=2, adapt_trajectories=32, eval_trajectories=32,
+        """This config as a seconds-long smoke version: m_h ∈ {10, 100} (unless ``m_hs`` was changed), 3 rounds
+        of 2 local steps, 32 rollouts."""
+        m_hs = (10, 100) if self.m_hs == CurvatureConfig.m_hs else self.m_hs
+        return dataclasses.replace(self, m_hs=m_hs, rounds=3, tau=2, adapt_trajectories=32, eval_trajectories=32,
                                    eval_every=3)
 
 
@@ -362,7 +387,8 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
 
     def estimate_wall_time(self, config: CurvatureConfig, seeds: int) -> WallTimeEstimate:
         # docs/reproduction.md: 502 s wall for 10 seeds, 150 rounds, 7 settings (6 m_h and first order)
-        return linear_estimate(self.name, 502.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (len(config.m_hs) + 1, 7)},
+        settings = len(config.m_hs) * len(config.estimators) + 1
+        return linear_estimate(self.name, 502.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (settings, 7)},
                                "docs/reproduction.md")
 
     def run(self, config: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
@@ -372,15 +398,19 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
     def _run(self, cfg: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         n_seeds = int(seeds)
         policy = arc_policy(device)
-        settings = [*cfg.m_hs, None]
-        sweep = MetaSweep(policy, range(n_seeds), settings, cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out)
+        # one setting per (estimator, m_h), estimator-major, then the first-order reference
+        pairs: list[tuple[str | None, int | None]] = [(e, m_h) for e in cfg.estimators for m_h in cfg.m_hs]
+        pairs.append((None, None))
+        settings = [m_h for _, m_h in pairs]
+        sweep = MetaSweep(policy, range(n_seeds), settings, cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out,
+                          estimators=[e or "paper" for e, _ in pairs])
         records: list[dict[str, Any]] = []
 
         def log(round_: int) -> dict[str, torch.Tensor]:
             ev = sweep.evaluate(cfg.adapt_trajectories, cfg.eval_trajectories)
-            for s, m_h in enumerate(settings):
+            for s, (estimator, m_h) in enumerate(pairs):
                 for r in range(n_seeds):
-                    records.append({
+                    record = {
                         "experiment": self.name,
                         "method": "first_order" if m_h is None else "exact",
                         "seed": r,
@@ -391,7 +421,10 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                         "success": float(ev["success_post"][s, r].mean()),
                         "return_pre": float(ev["return_pre"][s, r].mean()),
                         "success_pre": float(ev["success_pre"][s, r].mean()),
-                    })
+                    }
+                    if not cfg.default_estimators:
+                        record["estimator"] = estimator
+                    records.append(record)
             return ev
 
         bar = _progress(cfg.rounds, progress, "curvature")
@@ -406,11 +439,15 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
             bar.close()
         final = [r for r in records if r["round"] == cfg.rounds]
         table = []
-        for m_h in settings:
-            vals = [r["return"] for r in final if r["m_h"] == m_h]
+        for estimator, m_h in pairs:
+            vals = [r["return"] for r in final if r["m_h"] == m_h and r.get("estimator") == (
+                None if cfg.default_estimators else estimator)]
             paper = PAPER_FIRST_ORDER if m_h is None else PAPER_CURVATURE.get(m_h)
             trained = sum(v >= TRAINED_THRESHOLD for v in vals)
-            label = "first-order reference" if m_h is None else f"exact, m_h={m_h}"
+            if m_h is None:
+                label = "first-order reference"
+            else:
+                label = f"exact, m_h={m_h}" if cfg.default_estimators else f"exact ({estimator} curvature), m_h={m_h}"
             table.append(TableRow(f"median post-adaptation return, {label}", paper, _median(vals), None,
                                   f"{trained}/{len(vals)} seeds ≥ {TRAINED_THRESHOLD}; seeds: "
                                   + ", ".join(f"{v:.2f}" for v in sorted(vals))))
@@ -422,6 +459,12 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
             f"seeds at or above {TRAINED_THRESHOLD} and lists every seed's value (sorted).",
             "Settings are batched; the exact variant's Hessian batch is rolled out per m_h setting (counts differ).",
         ]
+        if not cfg.default_estimators:
+            notes.append(
+                "Curvature estimators (docs/algorithms/per_fedavg_pg.md): paper = eq. (3); causal = Hessian of the "
+                "causality-respecting surrogate with a leave-one-out per-step baseline (unbiased); lvc = ProMP's "
+                "low-variance curvature (biased). The paper column is the paper's (eq. (3)) median at that m_h for every "
+                "estimator. Settings with the same seed share all random streams, Hessian batches included.")
         settings_out = {"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6}
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
 
@@ -434,16 +477,30 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         final_round = max(r["round"] for r in output.records)
         final = [r for r in output.records if r["round"] == final_round]
         m_hs = sorted({r["m_h"] for r in final if r["m_h"] is not None})
-        fig, ax = plt.subplots(figsize=(5.2, 3.6))
+        # records of a run with several estimators carry "estimator"; the default run has none (paper)
+        estimators = list(dict.fromkeys(r.get("estimator") or "paper" for r in final if r["m_h"] is not None))
+        colors = {"paper": "tab:blue", "causal": "tab:purple", "lvc": "tab:orange"}
+        width = 0.6 / max(1, len(estimators))
+
+        def of(recs, estimator, m_h):
+            return [r for r in recs if r["m_h"] == m_h and (r.get("estimator") or "paper") == estimator]
+
+        fig, ax = plt.subplots(figsize=(5.2 + 0.6 * (len(estimators) - 1), 3.6 + 0.6 * (len(estimators) > 1)))
         gen = torch.Generator().manual_seed(0)
-        for i, m_h in enumerate(m_hs):
-            vals = [r["return"] for r in final if r["m_h"] == m_h]
-            jitter = (torch.rand(len(vals), generator=gen) - 0.5) * 0.3
-            ax.scatter([i + float(j) for j in jitter], vals, s=14, color="tab:blue", alpha=0.6, zorder=2)
-            ax.scatter([i], [_median(vals)], s=90, marker="_", color="black", linewidths=2.5, zorder=3)
+        for k, estimator in enumerate(estimators):
+            offset = (k - (len(estimators) - 1) / 2) * width
+            color = colors.get(estimator, "tab:blue")
+            for i, m_h in enumerate(m_hs):
+                vals = [r["return"] for r in of(final, estimator, m_h)]
+                if not vals:
+                    continue
+                jitter = (torch.rand(len(vals), generator=gen) - 0.5) * 0.3 * min(1.0, width / 0.6)
+                ax.scatter([i + offset + float(j) for j in jitter], vals, s=14, color=color, alpha=0.6, zorder=2,
+                           label=f"{estimator} curvature (seeds)" if i == 0 and len(estimators) > 1 else None)
+                ax.scatter([i + offset], [_median(vals)], s=90, marker="_", color="black", linewidths=2.5, zorder=3)
         paper_x = [i for i, m_h in enumerate(m_hs) if m_h in PAPER_CURVATURE]
         ax.scatter(paper_x, [PAPER_CURVATURE[m_hs[i]] for i in paper_x], s=40, marker="x", color="tab:red", zorder=4,
-                   label="paper median")
+                   label="paper median (eq. (3))")
         fo = [r["return"] for r in final if r["m_h"] is None]
         if fo:
             med = _median(fo)
@@ -455,7 +512,10 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         ax.set_xlabel("Hessian batch $m_h$")
         ax.set_ylabel("post-adaptation return (training goals)")
         ax.set_title("Curvature bottleneck: medians (—) and seeds (•)")
-        ax.legend(loc="upper left", fontsize=8)
+        if len(estimators) > 1:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=7)
+        else:
+            ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out_dir / "curvature.png"
@@ -464,14 +524,24 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         # learning curves: median over seeds of the post-adaptation return against rounds
         fig, ax = plt.subplots(figsize=(5.2, 3.6))
         cmap = plt.get_cmap("viridis")
-        for i, m_h in enumerate([*m_hs, None]):
-            recs = [r for r in output.records if r["m_h"] == m_h]
+        # one estimator: colour by m_h (the paper's figure); several: colour by estimator, line style by m_h
+        dashes = ["-", "-.", ":", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1))]
+        curves_of = [(e, m_h) for e in estimators for m_h in m_hs] + [(None, None)]
+        for estimator, m_h in curves_of:
+            recs = [r for r in output.records if r["m_h"] is None] if m_h is None else of(output.records, estimator, m_h)
             rounds = sorted({r["round"] for r in recs})
             if not rounds:
                 continue
             med = [_median([r["return"] for r in recs if r["round"] == k]) for k in rounds]
-            style = dict(color="tab:green", ls="--", label="first order") if m_h is None else dict(
-                color=cmap(i / max(1, len(m_hs) - 1)), label=f"exact, $m_h$={m_h}")
+            if m_h is None:
+                style = dict(color="tab:green", ls="--", label="first order")
+            else:
+                i = m_hs.index(m_h)
+                if len(estimators) == 1:
+                    style = dict(color=cmap(i / max(1, len(m_hs) - 1)), label=f"exact, $m_h$={m_h}")
+                else:
+                    style = dict(color=colors.get(estimator, "tab:blue"), ls=dashes[i % len(dashes)],
+                                 label=f"{estimator}, $m_h$={m_h}")
             ax.plot(rounds, med, marker="o", ms=3, **style)
         ax.set_xlabel("communication round")
         ax.set_ylabel("median post-adaptation return")
