@@ -362,3 +362,18 @@ def test_cli_app_writes_a_runnable_app(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "flower-superlink" in out and "partition-id=7" in out
     assert (tmp_path / "app" / "pyproject.toml").is_file() and (tmp_path / "m.zip").is_file()
+
+
+def test_fraction_train_is_the_models_agents_per_round():
+    from fedrl_algos.flower.server_app import _apply_fraction_train
+
+    model = _models()["per_fedavg_pg"]()
+    _apply_fraction_train(model, 0.25, 3)
+    assert model.agents_per_round == 3  # max(int(0.25 · 8), min_train_nodes)
+    _apply_fraction_train(model, 1.0, None)
+    assert model.agents_per_round is None
+    for bad in (0.0, 1.5, True, "half"):
+        with pytest.raises(ValueError, match="fraction_train"):
+            _apply_fraction_train(model, bad, None)
+    with pytest.raises(ValueError, match="client sampling"):
+        _apply_fraction_train(_models()["mfpo"](), 0.5, None)

@@ -49,6 +49,8 @@ output-path = "{output_path}"
 checkpoint-path = "{checkpoint_path}"
 round-timeout = {round_timeout}
 min-train-nodes = {min_train_nodes}
+# Flower's client sampling (Per-FedAvg-PG, FedAvg-PG): this fraction of the agents per round (0.0: the model's agents_per_round)
+fraction-train = 0.0
 node-timeout = {node_timeout}
 '''
 

@@ -227,6 +227,18 @@ def strategy_for(model: Any, agent_nodes: dict[int, int], **kwargs: Any) -> Fede
     raise AssertionError("unreachable")
 
 
+def _apply_fraction_train(model: Any, fraction_train: Any, min_train_nodes: int | None) -> None:
+    from fedrl_algos.common.base_class import check_agents_per_round
+
+    if isinstance(fraction_train, bool) or not isinstance(fraction_train, int | float) or not 0.0 < fraction_train <= 1.0:
+        raise ValueError(f"fraction_train must be a number in (0, 1], got {fraction_train!r}")
+    if "agents_per_round" not in model.__dict__:
+        raise ValueError(f"fraction_train needs an algorithm with client sampling (PerFedAvgPG, FedAvgPG), got {type(model).__name__}")
+    n = int(model.n_agents)
+    r = min(max(int(fraction_train * n), int(min_train_nodes or 1)), n)
+    model.agents_per_round = check_agents_per_round(None if r == n else r, n)
+
+
 def discover_agents(grid: Grid, n_agents: int, timeout: float = 120.0) -> dict[int, int]:
     """Wait for ``n_agents`` SuperNodes and ask each which agent it runs: agent → node id.
 
@@ -287,6 +299,7 @@ def run_federation(
     log_interval: int = 1,
     round_stats: list[dict[str, Any]] | None = None,
     strategy_kwargs: dict[str, Any] | None = None,
+    fraction_train: float | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds over ``grid``; returns the trained model.
 
@@ -308,8 +321,14 @@ def run_federation(
     :param round_stats: a list that receives one dict per round: the Strategy's ``last_round``
         (replies, failures, bytes sent and received) and ``seconds`` (wall time of the round)
     :param strategy_kwargs: more keyword arguments of the algorithm's Strategy (e.g. FedPG-BR's ``aggregator``)
+    :param fraction_train: Flower's client sampling (Per-FedAvg-PG and FedAvg-PG): each round samples
+        ``max(int(fraction_train · n), min_train_nodes)`` agents, which sets the model's
+        ``agents_per_round`` (so one process trained with that ``agents_per_round`` gives the same θ);
+        ``None``: the model's own ``agents_per_round``
     """
     num_rounds = _check_count("num_rounds", num_rounds)
+    if fraction_train is not None:
+        _apply_fraction_train(model, fraction_train, min_train_nodes)
     if checkpoint_path is not None and pathlib.Path(checkpoint_path).is_file():
         resumed = load_model(checkpoint_path, device=str(model.device))
         if type(resumed) is not type(model):
@@ -374,6 +393,7 @@ def main(grid: Grid, context: Context) -> None:
         model, grid, int(_run_config_value(context, "num-rounds", 1)),
         round_timeout=float(_run_config_value(context, "round-timeout", 600.0)),
         min_train_nodes=int(_run_config_value(context, "min-train-nodes", 0)) or None,
+        fraction_train=float(_run_config_value(context, "fraction-train", 0.0)) or None,
         checkpoint_path=_run_config_value(context, "checkpoint-path") or None,
         node_timeout=float(_run_config_value(context, "node-timeout", 120.0)),
     )

@@ -47,6 +47,7 @@ def simulate(
     verbose: bool = False,
     round_stats: list[dict[str, Any]] | None = None,
     strategy_kwargs: dict[str, Any] | None = None,
+    fraction_train: float | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds through Flower's simulation engine and return it.
 
@@ -75,6 +76,8 @@ def simulate(
     :param round_stats: a list receiving one dict per round (see :func:`~fedrl_algos.flower.run_federation`)
     :param strategy_kwargs: more keyword arguments of the algorithm's Strategy (FedPG-BR: ``aggregator``,
         ``num_malicious_nodes``; see :class:`~fedrl_algos.flower.FedPGBRStrategy`)
+    :param fraction_train: Flower's client sampling: ``max(int(fraction_train · n), min_train_nodes)``
+        agents per round (sets the model's ``agents_per_round``; see :func:`~fedrl_algos.flower.run_federation`)
     :return: the trained model
     """
     from flwr.simulation import run_simulation
@@ -100,7 +103,7 @@ def simulate(
             outcome["model"] = run_federation(
                 model, grid, num_rounds, round_timeout=round_timeout, min_train_nodes=min_train_nodes,
                 checkpoint_path=checkpoint_path, eval_trajectories=eval_trajectories, callback=callback, progress_bar=progress_bar,
-                round_stats=round_stats, strategy_kwargs=strategy_kwargs,
+                round_stats=round_stats, strategy_kwargs=strategy_kwargs, fraction_train=fraction_train,
             )
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
