@@ -269,6 +269,11 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
             theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
             self.optimizer_state, self._reject_updates,
         )
+        self._store_round(new_theta, info)
+
+    def _store_round(self, new_theta: torch.Tensor, info: dict[str, Any]) -> None:
+        """Keep what a round produced (in one process, or from a Flower round): θ̃, Adam's state,
+        the filter's decisions and the diagnostics."""
         self._store_server_state(info["optimizer_state"])
         self.policy.theta.data.copy_(new_theta[0])
         self.filter_history.append([bool(k) for k in info["kept"][0].tolist()])

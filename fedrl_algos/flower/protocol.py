@@ -479,20 +479,13 @@ class MFPOProtocol(RoundProtocol):
             direction = torch.where(rows, direction, torch.full_like(direction, float("nan")))
         step = model.local_step + model.local_steps
         new = model.update.global_phase(theta, direction, step, start, on_reject=self._merged_reject(check))
-        first = model.local_step == 0
-        model.policy.theta.data.copy_(new.theta[0, 0])
-        model.agent_direction = new.direction[0].clone()
-        model.agent_theta_prev = new.theta_prev[0].clone()
-        model.local_step = new.step
-        if first:  # the initial direction used D̃ trajectories instead of D
-            model.trajectories_per_agent += model.initial_trajectories - model.n_trajectories
         got = replies.replies
         steps = [got[a].metrics.get("env-steps", 0.0) for a in sorted(got)]
-        model.env_steps_per_agent += float(np.mean(steps)) if steps else 0.0
         alpha = float(model.update.step_size(step))
         returns = torch.tensor([got[a].metrics.get("return", float("nan")) for a in sorted(got)])
-        model._last_info = {"return": returns, "alpha": alpha, "nu": float(model.update.momentum(step, alpha)),
-                            "weight_mean": None, "weight_max": None, "clipped_fraction": None}
+        info = {"return": returns, "alpha": alpha, "nu": float(model.update.momentum(step, alpha)),
+                "weight_mean": None, "weight_max": None, "clipped_fraction": None}
+        model._store_round(new, info, float(np.mean(steps)) if steps else 0.0)
         self._flower_prev(check.valid[0].cpu())
         return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
 
@@ -560,12 +553,7 @@ class FedPGBRProtocol(RoundProtocol):
             theta, grads, spread, returns, env_steps, batch, uniform, model.server_sampler, model.optimizer_state, self._merged_reject(check),
             aggregate=self.aggregate,
         )
-        model._store_server_state(info["optimizer_state"])
-        model.policy.theta.data.copy_(new_theta[0])
-        model.filter_history.append([bool(k) for k in info["kept"][0].tolist()])
-        model.env_steps_per_agent += float(info["env_steps"].mean())
-        model.server_env_steps += float(info["server_env_steps"].sum())
-        model._last_info = info
+        model._store_round(new_theta, info)
         return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
 
 

@@ -195,15 +195,20 @@ class MFPO(FederatedAlgorithm):
         return self.local_steps
 
     def _train_round(self) -> None:
-        first = self.local_step == 0
         state, info = self.update.round(self.federation.sampler, self.state, self._reject_updates)
+        self._store_round(state, info, float(info["env_steps"].mean()))
+
+    def _store_round(self, state: MFPOState, info: dict[str, Any], env_steps_per_agent: float) -> None:
+        """Keep what a round produced (in one process, or from a Flower round): the server's θ,
+        every agent's direction and θ^(t−1), the step counter, and the diagnostics."""
+        first = self.local_step == 0
         self.policy.theta.data.copy_(state.theta[0, 0])
         self.agent_direction = state.direction[0].clone()
         self.agent_theta_prev = state.theta_prev[0].clone()
         self.local_step = state.step
         if first:  # the initial direction used D̃ trajectories instead of D
             self.trajectories_per_agent += self.initial_trajectories - self.n_trajectories
-        self.env_steps_per_agent += float(info["env_steps"].mean())
+        self.env_steps_per_agent += env_steps_per_agent
         self._last_info = info
 
     def _log_round(self) -> None:
