@@ -19,6 +19,7 @@ import math
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 from fedrl_algos.policies.heads import GaussianHead
@@ -115,3 +116,33 @@ def test_mfpo_paper_settings_on_pendulum_stay_finite():
         state, info = update.round(pop.federation.sampler, state)
         assert torch.isfinite(state.theta).all() and torch.isfinite(state.direction).all()
         assert torch.isfinite(info["return"]).all()
+
+
+def test_log_normal_cdf_has_accurate_finite_gradients_far_in_the_tail():
+    """Values equal torch's ``log_ndtr`` (float64); derivatives match central differences of those
+    values where torch's own derivative is ``inf`` (float32) or off by 2× (float64)."""
+    from fedrl_algos.policies.heads import log_normal_cdf
+
+    x = torch.tensor([-1e6, -1e4, -4.7e4, -100.0, -25.0, -20.0, -19.9, -3.0, 0.0, 4.0], dtype=torch.float64)
+    torch.testing.assert_close(log_normal_cdf(x), torch.special.log_ndtr(x), rtol=1e-12, atol=0)
+    xg = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(log_normal_cdf(xg).sum(), xg)
+    h = 1e-4 * x.abs().clamp(min=1.0)
+    fd = (torch.special.log_ndtr(x + h) - torch.special.log_ndtr(x - h)) / (2 * h)
+    torch.testing.assert_close(grad, fd, rtol=1e-6, atol=1e-9)
+    x32 = torch.tensor([-4.7e4, -1e30, 30.0], dtype=torch.float32, requires_grad=True)
+    (g32,) = torch.autograd.grad(log_normal_cdf(x32).sum(), x32)
+    assert torch.isfinite(g32).all() and float(g32[0]) == pytest.approx(4.7e4, rel=1e-6)
+
+
+def test_previous_parameters_far_on_the_other_side_give_finite_scores():
+    """MFPO evaluates θ_{t−1}'s log π on θ_t's actions: an action on the lower end under a mean
+    5e4 above the upper one (float32) has a huge negative log-probability and a finite score."""
+    head = GaussianHead(BOX32, "tanh")
+    actions = _draw(head, -20.0, 0.0, 4)
+    mean = torch.full(actions.shape, 5e4, dtype=torch.float32, requires_grad=True)
+    log_std = torch.zeros(1, dtype=torch.float32, requires_grad=True)
+    logp = head.log_prob(mean, log_std, actions)
+    gm, gs = torch.autograd.grad(logp.sum(), (mean, log_std))
+    assert torch.isfinite(logp).all() and torch.isfinite(gm).all() and torch.isfinite(gs).all()
+    assert float(gm[0, 0]) == pytest.approx(-(5e4 + B32), rel=1e-4)

@@ -39,7 +39,15 @@ from gymnasium import spaces
 
 from fedrl_envs.rng import RandomStreams
 
-__all__ = ["SQUASHES", "ActionHeadMixin", "GaussianHead", "action_head_for", "check_log_std_bounds", "log1m_tanh_squared"]
+__all__ = [
+    "SQUASHES",
+    "ActionHeadMixin",
+    "GaussianHead",
+    "action_head_for",
+    "check_log_std_bounds",
+    "log1m_tanh_squared",
+    "log_normal_cdf",
+]
 
 #: Values of the ``squash`` argument: ``None`` (an unbounded Gaussian) or ``"tanh"``.
 SQUASHES = (None, "tanh")
@@ -63,6 +71,36 @@ def log1m_tanh_squared(u: torch.Tensor) -> torch.Tensor:
     """
     a = u.abs()
     return 2.0 * (_LOG2 - a - torch.log1p(torch.exp(-2.0 * a)))
+
+
+_LOG_NDTR_CUT = -20.0
+
+
+def log_normal_cdf(x: torch.Tensor) -> torch.Tensor:
+    """``log Φ(x)`` (standard normal CDF) with an accurate, finite gradient for every finite ``x``.
+
+    ``torch.special.log_ndtr``'s values are accurate, but its derivative ``φ(x)/Φ(x)`` is not for
+    large negative ``x`` (``inf`` at x = −4.7e4 in float32, twice the true ``≈ −x`` at −1e8 in
+    float64). Below x = −20 this uses the asymptotic series
+    ``log Φ(x) = −x²/2 − log(−x) − ½ log 2π + log(1 − x⁻² + 3x⁻⁴ − 15x⁻⁶ + 105x⁻⁸)`` (relative error of
+    the last factor below 1e-10 there), computed in float64 and returned in ``x``'s dtype. Both
+    branches only ever see arguments of their own range, so neither leaks a NaN into the other's gradient.
+
+    >>> import torch
+    >>> x = torch.tensor([-1e4, -30.0, 0.0], dtype=torch.float64, requires_grad=True)
+    >>> (grad,) = torch.autograd.grad(log_normal_cdf(x).sum(), x)
+    >>> grad
+    tensor([1.0000e+04, 3.0033e+01, 7.9788e-01], dtype=torch.float64)
+    """
+    x64 = x.to(torch.float64)
+    left = x64 < _LOG_NDTR_CUT
+    cut = torch.full_like(x64, _LOG_NDTR_CUT)
+    mid = torch.special.log_ndtr(torch.where(left, cut, x64))
+    xl = torch.where(left, x64, cut)
+    r = 1.0 / (xl * xl)
+    series = torch.log1p(r * (-1.0 + r * (3.0 + r * (-15.0 + r * 105.0))))
+    asym = -0.5 * xl * xl - torch.log(-xl) - 0.5 * math.log(2 * math.pi) + series
+    return torch.where(left, asym, mid).to(x.dtype)
 
 
 def check_log_std_bounds(log_std_bounds: Sequence[float] | None, log_std_init: float) -> tuple[float, float] | None:
@@ -160,8 +198,8 @@ class GaussianHead:
         _, half, _, _ = self._bounds(mean)
         density = -0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi) - log1m_tanh_squared(u) - torch.log(half)
         # Atoms: every u beyond ±b was returned as the same clipped action (class docstring).
-        tail_upper = torch.special.log_ndtr((mean - b) * inv_std)
-        tail_lower = torch.special.log_ndtr((-b - mean) * inv_std)
+        tail_upper = log_normal_cdf((mean - b) * inv_std)
+        tail_lower = log_normal_cdf((-b - mean) * inv_std)
         return torch.where(upper, tail_upper, torch.where(lower, tail_lower, density)).sum(-1)
 
     def _saturated(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
