@@ -12,7 +12,7 @@ import torch
 import fedrl_algos.reproduce.cli as reproduce_cli
 from fedrl_algos.cli import main
 from fedrl_algos.reproduce import EXPERIMENTS, ExperimentOutput, config_settings, run_experiment
-from fedrl_algos.reproduce.mfpo import MethodConfig
+from fedrl_algos.reproduce.mfpo import MEASURED_RATES, MethodConfig
 
 #: the flags that set a config field, with a value, by the field they set
 FLAGS = {"env": ["--env", "cartpole"], "budget": ["--budget", "1e5"], "sb3_budget": ["--sb3-budget", "1e4"], "sweeps": ["--no-sweeps"]}
@@ -168,7 +168,8 @@ def test_default_sb3_budget_is_the_reduced_run_and_paper_selects_the_papers_size
 
     assert main(["reproduce", "mfpo", "--env", "cartpole", "--out", str(tmp_path)]) == 0
     config = calls[-1][1]
-    assert config.budget == PAPER_BUDGET == 1e6 and config.resolved_sb3_budget == SB3_REDUCED_BUDGETS["cartpole"] == 2e4
+    assert config.budget is None and config.resolved_budget == config.resolved_sweep_budget == PAPER_BUDGET == 1e6
+    assert config.resolved_sb3_budget == SB3_REDUCED_BUDGETS["cartpole"] == 2e4
     assert main(["reproduce", "mfpo", "--env", "pendulum", "--out", str(tmp_path)]) == 0
     assert calls[-1][1].resolved_sb3_budget == 1e4
     assert main(["reproduce", "mfpo", "--sb3-budget", "paper", "--out", str(tmp_path)]) == 0
@@ -181,6 +182,27 @@ def test_default_sb3_budget_is_the_reduced_run_and_paper_selects_the_papers_size
     with pytest.raises(SystemExit):
         main(["reproduce", "mfpo", "--sb3-budget", "papers"])
     assert "must be a number > 0, got 'papers'" in capsys.readouterr().err
+
+
+def test_mujoco_and_atari_rows_default_to_the_reduced_budgets_and_paper_selects_1e6(calls, tmp_path):
+    from fedrl_algos.reproduce.mfpo import ATARI_HORIZON, PAPER_BUDGET, REDUCED_BUDGETS, paper_methods
+
+    assert set(REDUCED_BUDGETS) == {"halfcheetah", "hopper", "pong", "breakout"}
+    for env, budget in REDUCED_BUDGETS.items():
+        assert main(["reproduce", "mfpo", "--env", env, "--out", str(tmp_path)]) == 0
+        config = calls[-1][1]
+        assert config.resolved_budget == config.resolved_sweep_budget == budget < PAPER_BUDGET
+        assert config.resolved_sb3_budget == min(1e4, budget)
+        assert main(["reproduce", "mfpo", "--env", env, "--budget", "paper", "--out", str(tmp_path)]) == 0
+        assert calls[-1][1].resolved_budget == PAPER_BUDGET == 1e6
+        # the paper's methods for the row; Atari episodes are capped (the ALE ids register no limit)
+        methods = paper_methods(env, calls[-1][1].methods)
+        assert methods.local_steps == 20 and methods.net_arch == (256, 256) and methods.squash == "tanh"
+        assert methods.horizon == (ATARI_HORIZON if env in ("pong", "breakout") else None)
+    assert REDUCED_BUDGETS["hopper"] == 2e4 and REDUCED_BUDGETS["pong"] == REDUCED_BUDGETS["halfcheetah"] == 1e3
+    # an explicit sweep budget is kept apart from the comparison's
+    config = EXPERIMENTS["mfpo"].config(env="hopper", sweep_budget=2e3)
+    assert config.resolved_sweep_budget == 2e3 and config.resolved_budget == REDUCED_BUDGETS["hopper"]
 
 
 def test_the_expected_wall_time_is_printed_to_stderr_before_the_run(calls, tmp_path, capsys):
@@ -199,7 +221,21 @@ def test_the_expected_wall_time_is_printed_to_stderr_before_the_run(calls, tmp_p
     paper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(sb3_budget=1e6), 10)
     assert paper.parts["Fed-DQN"] == pytest.approx(50 * estimate.parts["Fed-DQN"]) and paper.parts["Fed-DQN"] > 10 * 3600
     # a row without measured rates says so instead of guessing
-    assert "unknown" in EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper"), 3).describe()
+    assert "unknown" in EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="breakout"), 3).describe()
+    # measured rows: MFPO on Hopper and Pong at their reduced default budgets, never less than the
+    # first round that a run always completes (Pong's 1e3 budget is one round of ~7e5 steps per agent)
+    from fedrl_algos.reproduce.mfpo import FIRST_ROUND_STEPS
+
+    for env in ("hopper", "pong"):
+        config = EXPERIMENTS["mfpo"].config(env=env, sweeps=False)
+        est = EXPERIMENTS["mfpo"].estimate_wall_time(config, 3)
+        steps = max(config.resolved_budget, FIRST_ROUND_STEPS[env])
+        assert est.parts["MFPO"] == pytest.approx(3 * 10 * steps / 1e6 * MEASURED_RATES[env]["MFPO"])
+        assert est.parts["FedAvg-PG"] is None and "unknown" in est.describe()
+    hopper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper", sweeps=False), 10)
+    assert 15 * 3600 < hopper.parts["MFPO"] < 25 * 3600  # 2e4 steps per agent, 10 seeds × 10 agents: ≈ 20 h
+    paper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper", budget=1e6, sweeps=False), 10)
+    assert paper.parts["MFPO"] == pytest.approx(50 * hopper.parts["MFPO"])
     # ``all`` runs every experiment and prints their total
     calls.clear()
     assert main(["reproduce", "all", "--out", str(tmp_path)]) == 0

@@ -43,6 +43,7 @@ __all__ = [
     "gpomdp_weights",
     "reinforce_weights",
     "step_weights",
+    "normalize_step_weights",
     "masked_log_prob",
     "score_gradient",
     "gpomdp",
@@ -115,6 +116,28 @@ def step_weights(traj: Trajectories, gamma: float, estimator: str = "gpomdp", ba
     if estimator == "reinforce":
         return reinforce_weights(traj, gamma, baseline)
     raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+
+
+def normalize_step_weights(psi: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``ψ / (std(ψ) + eps)`` per batch row, the standard deviation over the row's running steps
+    (``mask > 0``) of all its trajectories: SB3's ``normalize_advantage`` without the centring
+    (the baseline already centres ψ at every step).
+
+    Dividing a row's estimate by one positive number leaves its direction unchanged and makes its
+    scale independent of the reward scale, so a fixed step size moves the policy by a comparable
+    amount whether returns are −1500 or −150. The estimate is no longer ∇J itself but a
+    batch-dependent positive multiple of it (a ratio estimator, biased by O(1/m)).
+
+    :param psi: step weights ``[*B, m, T]`` (e.g. :func:`gpomdp_weights`)
+    :param mask: ``[*B, m, T]``
+    :param eps: added to the standard deviation (a row whose weights are all 0 stays 0)
+    :return: ``[*B, m, T]``
+    """
+    alive = (mask > 0).to(psi.dtype)
+    count = alive.sum((-1, -2), keepdim=True).clamp(min=1)
+    mean = (psi * alive).sum((-1, -2), keepdim=True) / count
+    var = (((psi - mean) * alive) ** 2).sum((-1, -2), keepdim=True) / count
+    return psi / (var.sqrt() + eps)
 
 
 def score_gradient(
@@ -236,14 +259,21 @@ class ScoreFunctionGradient(GradientEstimator):
     :param m: trajectories per estimate
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
     :param baseline: ``"loo"``, ``"mean"`` or ``None``
+    :param normalize_advantage: divide the step weights by their standard deviation over each
+        batch row (:func:`normalize_step_weights`)
     """
 
-    def __init__(self, policy, gamma: float, m: int, estimator: str = "gpomdp", baseline: str | None = "loo") -> None:
+    def __init__(
+        self, policy, gamma: float, m: int, estimator: str = "gpomdp", baseline: str | None = "loo", normalize_advantage: bool = False
+    ) -> None:
         super().__init__(policy, gamma)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m must be an int >= 1, got {m!r}")
         check_estimator_and_baseline(estimator, baseline)
+        if not isinstance(normalize_advantage, bool):
+            raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
         self.m, self.estimator, self.baseline = m, estimator, baseline
+        self.normalize_advantage = normalize_advantage
         self.name = estimator
 
     @property
@@ -251,8 +281,9 @@ class ScoreFunctionGradient(GradientEstimator):
         return self.m
 
     def weights(self, traj: Trajectories) -> torch.Tensor:
-        """The step weights ψ of this estimator for ``traj``."""
-        return step_weights(traj, self.gamma, self.estimator, self.baseline)
+        """The step weights ψ of this estimator for ``traj`` (normalized if asked)."""
+        psi = step_weights(traj, self.gamma, self.estimator, self.baseline)
+        return normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi
 
     def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:
         traj = sampler(theta, self.m)

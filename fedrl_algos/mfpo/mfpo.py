@@ -59,6 +59,9 @@ class MFPO(FederatedAlgorithm):
     :param max_importance_weight: truncation of importance weights (default 2; ``None``: none but
         the overflow guard)
     :param self_normalize_weights: self-normalize importance weights per agent batch
+    :param normalize_advantage: divide each agent batch's GPOMDP/REINFORCE step weights by their
+        standard deviation (SB3's ``normalize_advantage``, without centring; default ``False``, the
+        paper's estimator); makes the step size independent of the reward scale
     :param gamma: discount γ (paper: 0.99)
     :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
         (0: off; tabular families always log the exact discounted return)
@@ -100,6 +103,7 @@ class MFPO(FederatedAlgorithm):
         baseline: str | None = "loo",
         max_importance_weight: float | None = 2.0,
         self_normalize_weights: bool = False,
+        normalize_advantage: bool = False,
         gamma: float = 0.99,
         eval_trajectories: int = 0,
         policy_kwargs: dict[str, Any] | None = None,
@@ -128,6 +132,9 @@ class MFPO(FederatedAlgorithm):
             raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
         self.max_importance_weight = None if max_importance_weight is None else float(max_importance_weight)
         self.self_normalize_weights = bool(self_normalize_weights)
+        if not isinstance(normalize_advantage, bool):
+            raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
+        self.normalize_advantage = normalize_advantage
         self.local_step = 0
         self.env_steps_per_agent = 0.0
         super().__init__(
@@ -162,6 +169,7 @@ class MFPO(FederatedAlgorithm):
             self.baseline,
             self.max_importance_weight,
             self.self_normalize_weights,
+            self.__dict__.get("normalize_advantage", False),
         )
         d = self.policy.n_params
         if self.__dict__.get("agent_direction") is None:

@@ -104,6 +104,9 @@ class MFPOUpdate:
     :param max_importance_weight: truncation of the importance weights (``None``: only the
         overflow guard); see :func:`~fedrl_algos.core.gpomdp.importance_weights`
     :param self_normalize: self-normalize the importance weights over each agent's batch
+    :param normalize_advantage: divide every batch's step weights ψ by their standard deviation
+        (:func:`~fedrl_algos.core.gpomdp.normalize_step_weights`); g and the weighted g_prev of
+        eq. (3) share the batch and so the divisor
     """
 
     def __init__(
@@ -119,11 +122,12 @@ class MFPOUpdate:
         baseline: str | None = "loo",
         max_importance_weight: float | None = None,
         self_normalize: bool = False,
+        normalize_advantage: bool = False,
     ) -> None:
         self.policy = policy
         self.local_steps = local_steps
-        self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline)
-        self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline)
+        self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage)
+        self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline, normalize_advantage)
         self.step_size = step_size
         self.momentum = momentum
         self.max_importance_weight = max_importance_weight

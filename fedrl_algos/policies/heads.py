@@ -14,6 +14,18 @@ The Gaussian (:class:`GaussianHead`) has a state-independent log standard deviat
 (equal to ``low + (high − low)(tanh(u) + 1)/2``), and by the change of variables
 
     log π(a|s) = log N(u; μ, σ²) − Σ_k log(1 − tanh²(u_k)) − Σ_k log h_k.
+
+In floating point ``tanh(u)`` reaches ±1 at a finite ``|u|``, so the sampler clips it to ``±(1 − ε)``
+(``ε`` the dtype's machine epsilon): every ``u ≥ b`` gives the same action ``a_max`` (and every
+``u ≤ −b`` the same ``a_min``), where ``b = atanh(1 − 5ε/4)`` is where ``tanh(u)`` starts to round
+to ``1 − ε`` or above (≈ 8.2 in float32, ≈ 18.3 in float64). The action's distribution therefore has an atom
+at each end, and its log-probability there is the log of the tail mass (a censored Gaussian),
+
+    log π(a_max|s)_k = log Φ((μ_k − b)/σ_k),   log π(a_min|s)_k = log Φ((−b − μ_k)/σ_k),
+
+summed with the other dimensions' density terms. Its score tends to 0 as ``μ_k → ∞`` (the action no
+longer depends on μ), where the density at the clipped ``u = b`` would give the unbounded
+``(b − μ_k)/σ_k²``.
 """
 
 from __future__ import annotations
@@ -27,7 +39,15 @@ from gymnasium import spaces
 
 from fedrl_envs.rng import RandomStreams
 
-__all__ = ["SQUASHES", "ActionHeadMixin", "GaussianHead", "action_head_for", "check_log_std_bounds", "log1m_tanh_squared"]
+__all__ = [
+    "SQUASHES",
+    "ActionHeadMixin",
+    "GaussianHead",
+    "action_head_for",
+    "check_log_std_bounds",
+    "log1m_tanh_squared",
+    "log_normal_cdf",
+]
 
 #: Values of the ``squash`` argument: ``None`` (an unbounded Gaussian) or ``"tanh"``.
 SQUASHES = (None, "tanh")
@@ -51,6 +71,36 @@ def log1m_tanh_squared(u: torch.Tensor) -> torch.Tensor:
     """
     a = u.abs()
     return 2.0 * (_LOG2 - a - torch.log1p(torch.exp(-2.0 * a)))
+
+
+_LOG_NDTR_CUT = -20.0
+
+
+def log_normal_cdf(x: torch.Tensor) -> torch.Tensor:
+    """``log Φ(x)`` (standard normal CDF) with an accurate, finite gradient for every finite ``x``.
+
+    ``torch.special.log_ndtr``'s values are accurate, but its derivative ``φ(x)/Φ(x)`` is not for
+    large negative ``x`` (``inf`` at x = −4.7e4 in float32, twice the true ``≈ −x`` at −1e8 in
+    float64). Below x = −20 this uses the asymptotic series
+    ``log Φ(x) = −x²/2 − log(−x) − ½ log 2π + log(1 − x⁻² + 3x⁻⁴ − 15x⁻⁶ + 105x⁻⁸)`` (relative error of
+    the last factor below 1e-10 there), computed in float64 and returned in ``x``'s dtype. Both
+    branches only ever see arguments of their own range, so neither leaks a NaN into the other's gradient.
+
+    >>> import torch
+    >>> x = torch.tensor([-1e4, -30.0, 0.0], dtype=torch.float64, requires_grad=True)
+    >>> (grad,) = torch.autograd.grad(log_normal_cdf(x).sum(), x)
+    >>> grad
+    tensor([1.0000e+04, 3.0033e+01, 7.9788e-01], dtype=torch.float64)
+    """
+    x64 = x.to(torch.float64)
+    left = x64 < _LOG_NDTR_CUT
+    cut = torch.full_like(x64, _LOG_NDTR_CUT)
+    mid = torch.special.log_ndtr(torch.where(left, cut, x64))
+    xl = torch.where(left, x64, cut)
+    r = 1.0 / (xl * xl)
+    series = torch.log1p(r * (-1.0 + r * (3.0 + r * (-15.0 + r * 105.0))))
+    asym = -0.5 * xl * xl - torch.log(-xl) - 0.5 * math.log(2 * math.pi) + series
+    return torch.where(left, asym, mid).to(x.dtype)
 
 
 def check_log_std_bounds(log_std_bounds: Sequence[float] | None, log_std_init: float) -> tuple[float, float] | None:
@@ -83,9 +133,15 @@ class GaussianHead:
     mapped back to ``u`` (rather than storing ``u`` beside the action: the trajectories an
     estimator sees hold only actions) by ``u = atanh(clip((a − c)/h, −1 + ε, 1 − ε))`` with
     ``ε = torch.finfo(dtype).eps`` (2.2e-16 in float64, 1.2e-7 in float32). :meth:`sample` applies
-    the same clip to ``tanh(u)``, so an action the policy sampled never sits on a bound and its
-    log-probability is that of the clipped ``u``: exact up to rounding for ``|u| < atanh(1 − ε)``
-    (≈ 18.7 in float64, ≈ 8.3 in float32); beyond, the policy acts as if ``u`` were at that limit.
+    the same clip to ``tanh(u)``, so an action the policy sampled never lies outside
+    ``[a_min, a_max]`` (the images of ``∓(1 − ε)``), and every ``|u| ≥ b`` (≈ 18.3 in float64, ≈ 8.2
+    in float32; module docstring) lands exactly on one of those two values. :meth:`log_prob` gives
+    an action inside them the change-of-variables density (exact up to rounding) and an action on
+    or beyond them the Gaussian's tail mass beyond ``±b`` (module docstring), so that log π is the
+    log-likelihood of the actions the sampler can return: importance weights are likelihood ratios
+    and the score has mean zero even when the pre-squash mean is far outside tanh's range. ``ε``
+    and ``b`` are those of the dtype the actions are stored in (a float32 action of a float64
+    policy saturates as float32 does).
 
     :param action_space: a flat ``Box`` (finite bounds with ``high > low`` when squashed)
     :param squash: ``None`` or ``"tanh"``
@@ -112,11 +168,14 @@ class GaussianHead:
 
     def squash_action(self, u: torch.Tensor) -> torch.Tensor:
         """``u`` (pre-squash) → the action ``c + h · clip(tanh(u), −1 + ε, 1 − ε)``, inside the bounds."""
-        center, half, low, high = self._bounds(u)
         eps = torch.finfo(u.dtype).eps
-        a = center + half * torch.tanh(u).clamp(-1.0 + eps, 1.0 - eps)
+        return self._scale(torch.tanh(u).clamp(-1.0 + eps, 1.0 - eps))
+
+    def _scale(self, t: torch.Tensor) -> torch.Tensor:
+        """``t ∈ [−1, 1]`` → the action ``c + h·t``, in the bounds."""
+        center, half, low, high = self._bounds(t)
         # Rounding of c + h·t can step one ulp past a bound; the clamp keeps actions in the space.
-        return torch.minimum(torch.maximum(a, low), high)
+        return torch.minimum(torch.maximum(center + half * t, low), high)
 
     def unsquash_action(self, actions: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`squash_action`: actions → ``u = atanh(clip((a − c)/h, −1 + ε, 1 − ε))``."""
@@ -125,16 +184,35 @@ class GaussianHead:
         return torch.atanh(((actions - center) / half).clamp(-1.0 + eps, 1.0 - eps))
 
     def log_prob(self, mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """``log π(a|s)`` ``[...]`` for ``mean [..., A]``, ``log_std`` broadcastable to it, ``actions [..., A]``."""
+        """``log π(a|s)`` ``[...]`` for ``mean [..., A]``, ``log_std`` broadcastable to it, ``actions [..., A]``
+        (squashed: a density inside the clipped ends, the tail mass on them; class docstring)."""
+        stored = actions
         actions = actions.to(mean.dtype)
         if self.squash is None:
             z = (actions - mean) * torch.exp(-log_std)
             return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        upper, lower, b = self._saturated(stored)
         u = self.unsquash_action(actions)
-        z = (u - mean) * torch.exp(-log_std)
-        log_normal = (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        inv_std = torch.exp(-log_std)
+        z = (u - mean) * inv_std
         _, half, _, _ = self._bounds(mean)
-        return log_normal - log1m_tanh_squared(u).sum(-1) - torch.log(half).sum()
+        density = -0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi) - log1m_tanh_squared(u) - torch.log(half)
+        # Atoms: every u beyond ±b was returned as the same clipped action (class docstring).
+        tail_upper = log_normal_cdf((mean - b) * inv_std)
+        tail_lower = log_normal_cdf((-b - mean) * inv_std)
+        return torch.where(upper, tail_upper, torch.where(lower, tail_lower, density)).sum(-1)
+
+    def _saturated(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Which entries of ``actions`` sit on (or beyond) the clipped ends ``a_max``/``a_min`` of
+        :meth:`squash_action` in the actions' own dtype, and the threshold ``b`` of that dtype."""
+        dtype = actions.dtype if actions.is_floating_point() else torch.float64
+        eps = torch.finfo(dtype).eps
+        end = torch.tensor([1.0 - eps, -1.0 + eps], dtype=dtype, device=actions.device)
+        a_max, a_min = self._scale(end.unsqueeze(-1).expand(2, self.action_dim))
+        # The atom collects every u whose tanh rounds to 1 − ε or above: rounding to nearest, that is
+        # tanh(u) ≥ 1 − ε − ε/4 (the next float below 1 − ε is 1 − 3ε/2), so b = atanh(1 − 5ε/4).
+        x = 1.25 * eps
+        return actions >= a_max, actions <= a_min, 0.5 * math.log((2.0 - x) / x)
 
     def sample(self, mean: torch.Tensor, log_std: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
         """Actions ``[..., A]``: ``u = μ + σ·z`` with ``z`` from each row's stream, squashed if asked."""

@@ -16,7 +16,7 @@ from fedrl_algos.core.attacks import ATTACKS
 from fedrl_algos.core.curvature import CURVATURES
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 from fedrl_algos.reproduce.common import format_duration
-from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, SB3_REDUCED_BUDGETS
+from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, REDUCED_BUDGETS, SB3_REDUCED_BUDGETS
 
 __all__ = ["register", "cmd_reproduce", "budget_value", "DEFAULT_SEEDS", "QUICK_SEEDS"]
 
@@ -168,8 +168,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (the expected wall time is still printed)")
     parser.add_argument("--env", choices=["cartpole", "pendulum", "halfcheetah", "hopper", "pong", "breakout"], default=None,
                         help="environment of the mfpo / byzantine experiments: a Table I row (default cartpole)")
+    reduced_pg = ", ".join(f"{env} {_steps(steps)}" for env, steps in REDUCED_BUDGETS.items())
     parser.add_argument("--budget", type=budget_value, default=None, metavar="STEPS",
-                        help=f"environment steps per agent of the mfpo / byzantine runs, or 'paper' (default: the paper's {_steps(PAPER_BUDGET)})")
+                        help=f"environment steps per agent of the mfpo / byzantine runs, or 'paper' ({_steps(PAPER_BUDGET)}); default: the paper's "
+                        f"on cartpole/pendulum, on mfpo's MuJoCo/Atari rows the reduced run that fits a 2-core machine ({reduced_pg})")
     reduced = ", ".join(f"{env} {_steps(steps)}" for env, steps in SB3_REDUCED_BUDGETS.items())
     parser.add_argument("--sb3-budget", type=budget_value, default=None, metavar="STEPS",
                         help=f"steps per agent of mfpo's Fed-DQN / Fed-SAC, or 'paper' ({_steps(PAPER_BUDGET)}; ≈ 11 h for CartPole's "

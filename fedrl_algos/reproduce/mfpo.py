@@ -16,8 +16,10 @@ agent), ``return`` (undiscounted evaluation return of the server policy, average
 tasks), plus ``attack``, ``n_agents``, ``local_steps`` where they vary.
 
 Settings are frozen configs, one per experiment: :class:`MFPOConfig` (``env``
-(``cartpole``/``pendulum``), ``budget`` (environment steps per agent of the comparison, default
-1e6), ``sweep_budget`` (of each sweep run, default 1e6), ``comparison`` and ``sweeps`` (run those
+(``cartpole``/``pendulum``/``halfcheetah``/``hopper``/``pong``/``breakout``), ``budget`` (environment
+steps per agent of the comparison, default the paper's 1e6 on classic control and the reduced
+:data:`REDUCED_BUDGETS` on MuJoCo/Atari), ``sweep_budget`` (of each sweep run, the same defaults),
+``comparison`` and ``sweeps`` (run those
 parts), ``sb3_baselines`` (run Fed-DQN/Fed-SAC), ``sb3_budget`` (their steps per agent), the sweeps'
 N and K, and the methods' :class:`MethodConfig`) and :class:`ByzantineConfig`; ``config.quick()`` is
 the seconds-long smoke version. ``dataclasses.replace(MFPOConfig(), env="pendulum", sweeps=False)``
@@ -123,6 +125,8 @@ class MethodConfig:
         (Gymnasium rows; the classic-control families keep today's plain Gaussian)
     :param horizon: episode length cap H (``H + 1`` steps) of the Gymnasium rows (``None``: the env's)
     :param n_envs: environments per agent of the Gymnasium rows' federated env
+    :param normalize_advantage: MFPO and FedAvg-PG divide each agent batch's step weights by their
+        standard deviation (:func:`~fedrl_algos.core.gpomdp.normalize_step_weights`; not the paper's)
     """
 
     local_steps: int = 10
@@ -144,6 +148,7 @@ class MethodConfig:
     squash: str | None = None
     horizon: int | None = None
     n_envs: int = 20
+    normalize_advantage: bool = False
 
     def __post_init__(self) -> None:
         check_server_optimizer("server_optimizer", self.server_optimizer)
@@ -295,7 +300,7 @@ def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum
         pop.policy, GAMMA, cfg.local_steps, cfg.n_trajectories,
         cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
         cfg.step_size, cfg.momentum if momentum else (lambda t, a: 0.0),
-        max_importance_weight=cfg.max_importance_weight,
+        max_importance_weight=cfg.max_importance_weight, normalize_advantage=cfg.normalize_advantage,
     )
     state = MFPOState.initial(pop.initial_theta(), pop.n_agents)
     curve = _Curve(pop, budget, max_rounds, bar)
@@ -344,7 +349,7 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     unprotected baseline of FedPG-BR's experiments.
     """
     cfg = pop.cfg
-    counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories))
+    counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories, normalize_advantage=cfg.normalize_advantage))
     mask = torch.zeros(pop.n_agents, dtype=torch.bool)
     mask[list(byzantine)] = True
     estimator: GradientEstimator = AttackedEstimator(counting, make_attack(attack), mask) if attack else counting
@@ -400,6 +405,18 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
 
 #: the paper's environment steps per agent (Table I's runs, and the sweeps of figs. 5 and 6)
 PAPER_BUDGET = 1e6
+#: the default steps per agent of the comparison and of each sweep run on the MuJoCo and Atari rows:
+#: reduced runs that fit a 2-core machine (the classic-control rows run the paper's 1e6; ``--budget
+#: paper`` gives 1e6 on every row). A run stops at the end of the round that passes its budget, and
+#: a round is K·D = 400 trajectories per agent (800 in the first, with D̃), so these are one round
+#: (HalfCheetah, Atari) or two (Hopper, ~1.2e4 steps per agent a round while episodes are short).
+#: Even one round is hours at 10 seeds on 2 cores (the fixed-horizon rollouts step all H + 1 steps):
+#: measured wall times in :data:`MEASURED_RATES` and docs/reproduction_mfpo.md
+REDUCED_BUDGETS = {"halfcheetah": 1e3, "hopper": 2e4, "pong": 1e3, "breakout": 1e3}
+#: episode length cap H (H + 1 steps) of the Atari rows: the ALE v5 ids register no step limit, and the
+#: federated env samples fixed-horizon episodes (1000 agent steps = 4000 frames, about one game of Pong
+#: by an untrained policy; the paper states none)
+ATARI_HORIZON = 999
 #: the default steps per agent of Fed-DQN / Fed-SAC: the reduced runs that fit a 2-core machine
 #: (CartPole's Fed-DQN: 784 s at 2e4 for 10 seeds, ≈ 11 h at 1e6; Pendulum's Fed-SAC: 800 s at 1e4
 #: for 2 seeds; docs/reproduction_mfpo.md); the MuJoCo and Atari rows take Fed-SAC / Fed-DQN's 1e4,
@@ -411,11 +428,22 @@ SB3_REDUCED_BUDGETS = {"cartpole": 2e4, "pendulum": 1e4, "halfcheetah": 1e4, "ho
 #: the 2-core machine (load average 3–6): CartPole comparison 10 seeds (MFPO 183 s, FedAvg-PG 101 s,
 #: FedPG-BR 310 s at 1e6; Fed-DQN 784 s at 2e4), Pendulum 3 seeds at 1e6 (31, 20, 151 s) and Fed-SAC
 #: 2 seeds at 1e4 (800 s), byzantine 5 seeds at 1e6. The agents sweep (3 seeds: 19–256 s for N = 1–50)
-#: agrees with the MFPO rate times the agents to within 5 %. The MuJoCo and Atari rows have none.
+#: agrees with the MFPO rate times the agents to within 5 %. MuJoCo/Atari: MFPO's first round with the
+#: rows' default methods at load 4–6, per *counted* step (the fixed-horizon rollouts step all H + 1
+#: steps, so a round costs the same however early its episodes end): Hopper 2 agents, 858 s for
+#: 11,824 steps per agent; Pong 1 agent with K = 2 (60 trajectories of ~917 steps), 256 s for 55,025
+#: steps per agent. The rows' other methods, HalfCheetah and Breakout have none.
 MEASURED_RATES: dict[str, dict[str, float]] = {
     "cartpole": {"MFPO": 1.83, "FedAvg-PG": 1.01, "FedPG-BR": 3.10, "Fed-DQN": 392.0},
     "pendulum": {"MFPO": 1.03, "FedAvg-PG": 0.67, "FedPG-BR": 5.03, "Fed-SAC": 4000.0},
+    "hopper": {"MFPO": 36275.0},
+    "pong": {"MFPO": 4645.0},
 }
+#: environment steps per agent of a comparison's first round with the row's default methods (a run
+#: never stops before it ends, so the estimates use at least this much): Hopper measured (2 agents,
+#: round 1); Pong from the measured ~917 steps a trajectory times the round's D̃ + (K − 1)·D = 780
+#: trajectories
+FIRST_ROUND_STEPS: dict[str, float] = {"hopper": 11824.0, "pong": 7.15e5}
 BYZANTINE_RATES: dict[str, dict[tuple[str, str], float]] = {
     "cartpole": {("FedPG-BR", "none"): 3.72, ("FedPG-BR", "random_noise"): 3.30, ("FedPG-BR", "sign_flip"): 3.88,
                  ("FedAvg-PG", "none"): 0.98, ("FedAvg-PG", "random_noise"): 1.44, ("FedAvg-PG", "sign_flip"): 3.56},
@@ -596,9 +624,11 @@ def _check_env(env: str) -> None:
 def paper_methods(env: str, methods: MethodConfig) -> MethodConfig:
     """The methods' settings for a row of Table I: ``methods`` as given, except that the default
     (classic-control) settings on a MuJoCo or Atari row become the paper's for those domains
-    (section VI-A3): 2 ReLU layers of 256 units, tanh-Gaussian outputs, K = 20."""
+    (section VI-A3): 2 ReLU layers of 256 units, tanh-Gaussian outputs, K = 20, and on Atari the
+    episode cap :data:`ATARI_HORIZON`."""
     if env in GENERIC_ENVS and methods == MethodConfig():
-        return replace(methods, local_steps=20, net_arch=(256, 256), activation="relu", squash="tanh")
+        horizon = ATARI_HORIZON if env in ("pong", "breakout") else None
+        return replace(methods, local_steps=20, net_arch=(256, 256), activation="relu", squash="tanh", horizon=horizon)
     return methods
 
 
@@ -614,10 +644,12 @@ class MFPOConfig:
 
     env: str = "cartpole"
     """the family: ``"cartpole"`` or ``"pendulum"`` (:data:`ENVS`)"""
-    budget: float = 1e6
-    """environment steps per agent of each comparison run (0: ``rounds`` rounds, evaluated every round)"""
-    sweep_budget: float = 1e6
-    """environment steps per agent of each sweep run"""
+    budget: float | None = None
+    """environment steps per agent of each comparison run (0: ``rounds`` rounds, evaluated every round;
+    ``None``: the paper's :data:`PAPER_BUDGET` on CartPole/Pendulum, the reduced run of
+    :data:`REDUCED_BUDGETS` on the MuJoCo/Atari rows; see :attr:`resolved_budget`)"""
+    sweep_budget: float | None = None
+    """environment steps per agent of each sweep run (``None``: as ``budget``'s default)"""
     comparison: bool = True
     """run the comparison (MFPO, FedAvg-PG, FedPG-BR and the federated SB3 baseline)"""
     sweeps: bool = True
@@ -646,12 +678,23 @@ class MFPOConfig:
         _check_env(self.env)
 
     @property
+    def resolved_budget(self) -> float:
+        """The steps per agent of each comparison run: ``budget``, or by default the paper's 1e6 on
+        the classic-control rows and :data:`REDUCED_BUDGETS` on the MuJoCo/Atari rows."""
+        return float(self.budget) if self.budget is not None else REDUCED_BUDGETS.get(self.env, PAPER_BUDGET)
+
+    @property
+    def resolved_sweep_budget(self) -> float:
+        """The steps per agent of each sweep run: ``sweep_budget``, or by default as :attr:`resolved_budget`'s default."""
+        return float(self.sweep_budget) if self.sweep_budget is not None else REDUCED_BUDGETS.get(self.env, PAPER_BUDGET)
+
+    @property
     def resolved_sb3_budget(self) -> float:
         """The steps per agent that Fed-DQN / Fed-SAC run: ``sb3_budget``, or by default the reduced
-        run of :data:`SB3_REDUCED_BUDGETS` capped at ``budget``."""
+        run of :data:`SB3_REDUCED_BUDGETS` capped at :attr:`resolved_budget`."""
         if self.sb3_budget is not None:
             return float(self.sb3_budget)
-        return min(SB3_REDUCED_BUDGETS[self.env], float(self.budget))
+        return min(SB3_REDUCED_BUDGETS[self.env], self.resolved_budget)
 
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
@@ -676,36 +719,38 @@ class MFPOComparison(Experiment[MFPOConfig]):
 
         def expect(method: str, budget: float, agents: int) -> float | None:
             rate = rates.get(method)
+            if method not in SB3_BASELINES[config.env] and budget > 0:
+                budget = max(budget, FIRST_ROUND_STEPS.get(config.env, 0.0))  # whole rounds
             return None if rate is None else rate * seeds * agents * budget / 1e6
 
         if config.comparison:
             for method in ("MFPO", "FedAvg-PG", "FedPG-BR"):
-                parts[method] = expect(method, config.budget, config.n_agents)
+                parts[method] = expect(method, config.resolved_budget, config.n_agents)
             for method in SB3_BASELINES[config.env] if config.sb3_baselines else ():
                 parts[method] = expect(method, sb3_steps_per_agent(config.resolved_sb3_budget, config.n_agents), config.n_agents)
         if config.sweeps:
             # one MFPO run per setting; the K sweep runs n_agents agents (its K barely changes the cost per step)
             agents = sum(config.agent_counts) + config.n_agents * len(config.local_step_counts)
-            parts["sweeps"] = expect("MFPO", config.sweep_budget, agents)
+            parts["sweeps"] = expect("MFPO", config.resolved_sweep_budget, agents)
         return WallTimeEstimate(parts, f"{RATES_BASIS} (docs/reproduction_mfpo.md)")
 
     def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, env = paper_methods(config.env, config.methods), config.env
-        sb3_budget = config.resolved_sb3_budget
+        sb3_budget, budget, sweep_budget = config.resolved_sb3_budget, config.resolved_budget, config.resolved_sweep_budget
         seed_list = list(range(seeds))
         records: list[dict[str, Any]] = []
         base = {"experiment": self.name, "env": env}
         notes: list[str] = []
         wall: dict[str, float] = {}
         trainers: dict[str, Callable[[Population, Any], list[dict[str, Any]]]] = {
-            "MFPO": lambda pop, bar: train_mfpo(pop, config.budget, config.rounds, bar=bar),
-            "FedAvg-PG": lambda pop, bar: train_fedavg(pop, config.budget, max_rounds=config.rounds, bar=bar),
-            "FedPG-BR": lambda pop, bar: train_fedpg_br(pop, config.budget, max_rounds=config.rounds, bar=bar)[0],
+            "MFPO": lambda pop, bar: train_mfpo(pop, budget, config.rounds, bar=bar),
+            "FedAvg-PG": lambda pop, bar: train_fedavg(pop, budget, max_rounds=config.rounds, bar=bar),
+            "FedPG-BR": lambda pop, bar: train_fedpg_br(pop, budget, max_rounds=config.rounds, bar=bar)[0],
         }
         n = config.n_agents
         for method, train in trainers.items() if config.comparison else ():
             pop = Population(env, seed_list, n, cfg, device)
-            points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar), _size(config.budget, config.rounds))
+            points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar), _size(budget, config.rounds))
             records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=n, local_steps=cfg.local_steps)
         missing = {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"}
         for method in ("Fed-DQN", "Fed-SAC"):
@@ -732,8 +777,8 @@ class MFPOComparison(Experiment[MFPOConfig]):
                 sweep_cfg = replace(cfg, local_steps=k if cap is None else min(k, cap))
                 pop = Population(env, seed_list, agents, sweep_cfg, device)
                 desc = f"MFPO N={agents}" if part == "agents_sweep" else f"MFPO K={k}"
-                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, config.sweep_budget, config.sweep_rounds, bar=bar),
-                                _size(config.sweep_budget, config.sweep_rounds))
+                points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, sweep_budget, config.sweep_rounds, bar=bar),
+                                _size(sweep_budget, config.sweep_rounds))
                 records += _records(points, seed_list, **base, part=part, method="MFPO", n_agents=agents, local_steps=k)
         table = self._table(records, config, missing)
         notes += [
@@ -745,7 +790,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
             "only differences are MFPO's momentum, importance weights and server step.",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
-        settings = {"sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": GAMMA,
+        settings = {"budget": budget, "sweep_budget": sweep_budget, "sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": GAMMA,
                     "seeds": seeds, "wall_time_per_method_s": wall}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
@@ -770,7 +815,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
             rows.append(TableRow("MFPO: env steps per agent to a seed-mean return ≥ 475 (target ≤ 1e6)", "≤ 1e6 (target)",
                                  reached if reached is not None else "not reached", None,
                                  # budget 0 is the quick run's: a few rounds, far from any target
-                                 "quick run: not meaningful" if config.budget == 0 else "first evaluation at or above 475"))
+                                 "quick run: not meaningful" if config.resolved_budget == 0 else "first evaluation at or above 475"))
         for part, key, values in (("agents_sweep", "n_agents", config.agent_counts), ("local_steps_sweep", "local_steps", config.local_step_counts)):
             # Rounds overshoot the budget by up to a round (K·D trajectories): compare every setting
             # at the step count all of them reached.
