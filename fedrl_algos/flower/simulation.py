@@ -60,8 +60,9 @@ def simulate(
     >>> model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu")
     >>> model = simulate(model, num_rounds=2)  # doctest: +SKIP
 
-    :param model: a PerFedAvgPG, FedAvgPG, IndependentPG, MFPO or FedPGBR model of a fedrl task
-        family (it is trained in place and returned)
+    :param model: a PerFedAvgPG, FedAvgPG, IndependentPG, MFPO or FedPGBR model (of a fedrl task
+        family, or of a Gymnasium id with sync vectorization); it is trained in place and returned,
+        except when ``checkpoint_path`` holds a checkpoint: then the loaded checkpoint is trained on
     :param num_rounds: communication rounds (in total, when resuming a checkpoint)
     :param num_supernodes: virtual SuperNodes; must equal the model's agents (default)
     :param backend_config: Ray backend settings (default: :func:`default_backend_config`)
