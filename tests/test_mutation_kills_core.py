@@ -9,6 +9,7 @@ formula written out), never "nonzero".
 from __future__ import annotations
 
 import math
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -337,7 +338,11 @@ def test_warn_rejected_message_and_where_it_points():
         warn_rejected(skipped, "round 3")
     assert str(record[0].message) == ("round 3: rejected 2 update(s): x; y; 1 run(s) had no valid update and skipped "
                                       "the round (server state unchanged)")
-    # the warning points at the caller of the server function (stacklevel 3), i.e. this file
+
+
+@pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="mutmut's trampolines add frames between the caller and the server function")
+def test_rejected_update_warning_points_at_the_servers_caller():
+    # stacklevel 3: warn_rejected <- aggregate_valid <- its caller (this file), not the library
     local = torch.tensor([[[1.0], [float("nan")]]])
     with pytest.warns(RejectedUpdateWarning) as record:
         aggregate_valid(local, torch.zeros(1, 1))
@@ -520,3 +525,20 @@ def test_corrected_direction_adds_the_correction_in_thetas_dtype():
     theta = torch.tensor([[0.5, 0.5]], dtype=torch.float32)
     out = corrected(lambda at, m: "batch", theta)
     assert out.dtype == torch.float32 and torch.equal(out, (target - theta) + correction.float())
+
+
+def test_validate_updates_sizes_in_reasons_and_type_errors():
+    spreads = torch.tensor([[0.5, float("nan"), 1.0]])
+    check = validate_updates(spreads, torch.zeros(1), "spread", extra_dims=0)
+    assert check.reasons == ("run 0, agent 1: spread has 1 non-finite values (NaN or inf) of 1",)
+    one = validate_updates(torch.tensor([[[float("inf")], [0.0]]]), torch.zeros(1, 1))
+    assert one.reasons == ("run 0, agent 0: update has 1 non-finite values (NaN or inf) of 1",)
+    assert one.valid.tolist() == [[False, True]]
+    empty = validate_updates([], torch.zeros(3))  # a round in which no client answered
+    assert empty.valid.dtype == torch.bool and empty.valid.shape == (0,) and empty.all_valid
+    with pytest.raises(TypeError, match="like must be a torch.Tensor, got list"):
+        validate_updates(torch.ones(1, 2, 3), [0.0])
+    with pytest.raises(TypeError, match="sequence of tensors, got int"):
+        validate_updates(5, torch.zeros(3))
+    with pytest.raises(TypeError, match="sequence of tensors, got str"):
+        validate_updates("abc", torch.zeros(3))
