@@ -41,6 +41,7 @@ from fedrl_algos.core.directions import (
 )
 from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.normalization import ObservationNormalizer
+from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.core.schedules import (
     ConstantSchedule,
     ExponentialStepSize,
@@ -107,8 +108,8 @@ def test_constant_schedules_and_their_checks():
             as_step_size(bad, "beta")
     with pytest.raises(ValueError, match="step_size must be >= 0"):
         as_step_size(-1)
-    for bad in (True, "0.1", None):
-        with pytest.raises(TypeError, match="beta must be a number or a callable"):
+    for bad, kind in ((True, "bool"), ("0.1", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"beta must be a number or a callable t -> α_t, got {kind}$"):
             as_step_size(bad, "beta")
     for value in (0, 0.0, 0.5, 1, 1.0):
         nu = as_momentum(value)
@@ -118,8 +119,8 @@ def test_constant_schedules_and_their_checks():
     for bad in (-1e-12, 1.0000001, float("nan")):
         with pytest.raises(ValueError, match="momentum must be in"):
             as_momentum(bad)
-    for bad in (False, "0.5"):
-        with pytest.raises(TypeError, match="momentum must be a number"):
+    for bad, kind in ((False, "bool"), ("0.5", "str")):
+        with pytest.raises(TypeError, match=f"momentum must be a number in .*, got {kind}$"):
             as_momentum(bad)
 
 
@@ -357,7 +358,7 @@ class _Affine(GradientEstimator):
     """Direction ``target − θ`` (deterministic), recording every call's batch size request."""
 
     def __init__(self, target: torch.Tensor) -> None:
-        super().__init__(policy=None, gamma=1)
+        super().__init__(policy=object(), gamma=1)
         self.target, self.calls = target, 0
 
     @property
@@ -542,3 +543,51 @@ def test_validate_updates_sizes_in_reasons_and_type_errors():
         validate_updates(5, torch.zeros(3))
     with pytest.raises(TypeError, match="sequence of tensors, got str"):
         validate_updates("abc", torch.zeros(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# the server's Adam
+
+
+def test_adam_on_two_run_axes_equals_the_flattened_runs():
+    g = torch.Generator().manual_seed(8)
+    theta = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    state = AdamState.zeros_like(theta)
+    assert state.step.shape == (2, 3) and state.step.dtype == torch.float64
+    assert AdamState.zeros_like(theta.float()).step.dtype == torch.float32
+    flat_theta, flat_state = theta.reshape(6, 4), AdamState.zeros_like(theta.reshape(6, 4))
+    active = torch.tensor([[True, False, True], [True, True, False]])
+    for k in range(3):
+        direction = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+        mask = None if k == 0 else active
+        theta, state = adam_ascent(theta, direction, state, 0.05, active=mask)
+        flat_theta, flat_state = adam_ascent(flat_theta, direction.reshape(6, 4), flat_state, 0.05,
+                                             active=None if mask is None else mask.reshape(6))
+        assert torch.equal(theta.reshape(6, 4), flat_theta) and torch.equal(state.step.reshape(6), flat_state.step)
+        assert torch.equal(state.first.reshape(6, 4), flat_state.first)
+        assert torch.equal(state.second.reshape(6, 4), flat_state.second)
+    assert state.step.tolist() == [[3.0, 1.0, 3.0], [3.0, 3.0, 1.0]]
+
+
+def test_adam_defaults_are_torchs_and_shape_errors_name_the_tensors():
+    theta0 = torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64)
+    p = torch.nn.Parameter(theta0[0].clone())
+    reference = torch.optim.Adam([p], lr=0.1)  # betas (0.9, 0.999), eps 1e-8
+    theta, state = theta0.clone(), AdamState.zeros_like(theta0)
+    for direction in ([1e-7, -2e-7, 3.0], [2e-7, 1e-7, -1.0], [0.0, 1e-8, 0.5]):
+        theta, state = adam_ascent(theta, torch.tensor([direction], dtype=torch.float64), state, 0.1)
+        reference.zero_grad()
+        p.grad = -torch.tensor(direction, dtype=torch.float64)
+        reference.step()
+    assert torch.allclose(theta[0], p.detach(), rtol=0, atol=1e-15)
+    theta = torch.zeros(2, 3, 4)
+    good = AdamState.zeros_like(theta)
+    with pytest.raises(ValueError, match="moments"):
+        adam_ascent(theta, torch.ones(2, 3, 4), AdamState(good.step, torch.zeros(2, 3, 5), good.second), 0.1)
+    with pytest.raises(ValueError, match="moments"):
+        adam_ascent(theta, torch.ones(2, 3, 4), AdamState(good.step, good.first, torch.zeros(1, 4)), 0.1)
+    with pytest.raises(ValueError, match=r"state.step must have theta's batch shape \(2, 3\), got \(2,\)"):
+        adam_ascent(theta, torch.ones(2, 3, 4), AdamState(torch.zeros(2), good.first, good.second), 0.1)
+    assert check_server_optimizer("opt", "sgd") == "sgd"
+    with pytest.raises(ValueError, match=r"^opt must be one of \('sgd', 'adam'\), got 'Adam'$"):
+        check_server_optimizer("opt", "Adam")
