@@ -142,7 +142,18 @@ def test_normalizer_starts_from_sb3s_prior():
     assert norm.shape == (2, 3) and all(type(s) is int for s in norm.shape)
     assert torch.equal(norm.mean, torch.zeros(2, 3, dtype=torch.float64))
     assert torch.equal(norm.var, torch.ones(2, 3, dtype=torch.float64))
-    assert norm.count.dtype == torch.float64 and float(norm.count) == 1e-4
+    assert norm.mean.dtype == norm.var.dtype == norm.count.dtype == torch.float64 and float(norm.count) == 1e-4
+    assert all(value.dtype == torch.float64 for value in norm.state_dict().values())  # what a fresh model saves
+
+
+def test_normalizer_round_with_a_single_observation_counts():
+    norm = ObservationNormalizer((2,))
+    norm.accumulate(torch.tensor([[3.0, -1.0], [9.0, 9.0]]), torch.tensor([1.0, 0.0]))
+    norm.commit()
+    reference = _sb3_reference([np.array([[3.0, -1.0]])])
+    assert np.allclose(norm.mean.numpy(), reference.mean, rtol=0, atol=1e-15)
+    assert np.allclose(norm.var.numpy(), reference.var, rtol=1e-14, atol=0)
+    assert float(norm.count) == pytest.approx(1 + 1e-4, rel=1e-15)
     assert (norm.clip, norm.eps) == (10.0, 1e-8)
 
 
@@ -416,8 +427,8 @@ def test_step_size_checks():
     for value in (0, 3, 0.5, np.int64(2), np.float32(0.25)):
         out = check_step_size("beta", value)
         assert type(out) is float and out == float(value)
-    for bad in (True, np.bool_(False), "0.1", None, torch.tensor(0.1)):
-        with pytest.raises(TypeError, match="beta must be a number"):
+    for bad, kind in ((True, "bool"), (np.bool_(False), "bool"), ("0.1", "str"), (None, "NoneType"), (torch.tensor(0.1), "Tensor")):
+        with pytest.raises(TypeError, match=f"^beta must be a number, got {kind}$"):
             check_step_size("beta", bad)
     for bad in (-1, -1e-300, float("nan"), np.float64(-2.0)):
         with pytest.raises(ValueError, match="beta must be >= 0"):
