@@ -1,0 +1,604 @@
+"""Tests that kill the mutants the mutation-testing run (docs/testing.md) found alive in the other
+core modules: aggregation, the server optimizer, the schedules, observation normalization, the
+local directions and SCAFFOLD's control variates.
+
+Each test compares values against an independent computation (plain Python floats, a loop, a
+formula written out), never "nonzero".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fedrl_algos.core.aggregation import (
+    RejectedUpdateWarning,
+    UpdateCheck,
+    aggregate,
+    aggregate_valid,
+    masked_weights,
+    validate_updates,
+    warn_rejected,
+)
+from fedrl_algos.core.control_variates import (
+    ControlVariates,
+    CorrectedDirection,
+    agent_control_update,
+    server_control_update,
+)
+from fedrl_algos.core.directions import (
+    GradientEstimator,
+    PolicyGradient,
+    check_step_size,
+    check_step_size_or_tensor,
+    local_update,
+    scale,
+)
+from fedrl_algos.core.estimators import policy_gradient
+from fedrl_algos.core.normalization import ObservationNormalizer
+from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
+from fedrl_algos.core.schedules import (
+    ConstantSchedule,
+    ExponentialStepSize,
+    MomentumSchedule,
+    as_momentum,
+    as_step_size,
+)
+from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.policies import TabularPolicy
+
+# ---------------------------------------------------------------------------------------------
+# schedules
+
+
+@pytest.mark.parametrize("initial, growth, maximum", [(1e-4, 1 / 0.99, 1e-3), (0.5, 0.9, None), (2.0, 1.5, 7.0)])
+def test_exponential_step_size_is_the_capped_power(initial, growth, maximum):
+    schedule = ExponentialStepSize(initial, growth, maximum)
+    for t in (0, 1, 2, 5, 17, 230, 231, 600):
+        expected = initial * growth**t
+        if maximum is not None:
+            expected = min(expected, maximum)
+        assert schedule(t) == pytest.approx(expected, rel=1e-12, abs=0), t
+
+
+def test_exponential_step_size_defaults_are_the_papers_with_the_cap():
+    schedule = ExponentialStepSize()
+    assert (schedule.initial, schedule.growth, schedule.maximum) == (1e-4, 1 / 0.99, 1e-3)
+    assert schedule(1) == pytest.approx(1e-4 / 0.99, rel=1e-13)
+    assert schedule(229) < 1e-3 and schedule(230) == 1e-3  # the cap is reached at t = 230
+
+
+def test_exponential_step_size_zero_initial_and_overflow():
+    assert ExponentialStepSize(0.0)(5) == 0.0  # log(0) is never taken
+    assert ExponentialStepSize(-1.0, maximum=None)(3) == 0.0
+    # log α_t = 709 exactly (log e = 1): the overflow guard is strict, so this is inf, not exp(709)
+    assert math.log(math.e) == 1.0
+    assert ExponentialStepSize(1.0, math.e, None)(709) == math.inf
+    assert ExponentialStepSize(1.0, math.e, None)(708) == pytest.approx(math.exp(708), rel=1e-12)
+    # log α_t ≈ 709.9 (past float's largest exp, 709.78): inf rather than an OverflowError
+    assert ExponentialStepSize(math.exp(0.9), math.e, None)(709) == math.inf
+    assert ExponentialStepSize(math.exp(0.9), math.e, 5.0)(709) == 5.0
+    assert ExponentialStepSize(1.0, 1 / 0.99, None)(100_000) == math.inf
+
+
+def test_momentum_schedule_is_the_clipped_formula():
+    assert MomentumSchedule()(3, 0.1) == pytest.approx(1 - 3 * 0.1, rel=1e-15)
+    assert (MomentumSchedule().c, MomentumSchedule().power) == (3.0, 1.0)
+    assert MomentumSchedule(c=2.0, power=2.0)(1, 0.3) == pytest.approx(1 - 2 * 0.09, rel=1e-15)
+    assert MomentumSchedule(c=5.0, power=0.5)(1, 0.04) == pytest.approx(1 - 5 * 0.2, abs=1e-15)
+    assert MomentumSchedule()(1, 0.5) == 0.0  # 1 − 1.5 clipped at 0
+    assert MomentumSchedule(c=-1.0)(1, 0.5) == 1.0  # 1.5 clipped at 1
+    assert MomentumSchedule()(1, 0.0) == 1.0
+
+
+def test_constant_schedules_and_their_checks():
+    assert ConstantSchedule(0.25)(7, 0.1) == 0.25 and ConstantSchedule(0.25)() == 0.25
+    step = as_step_size(3)
+    assert isinstance(step, ConstantSchedule) and step(10) == 3.0 and isinstance(step.value, float)
+    assert as_step_size(0)(1) == 0.0
+    schedule = ExponentialStepSize()
+    assert as_step_size(schedule) is schedule
+    for bad in (-1e-9, float("nan")):
+        with pytest.raises(ValueError, match="beta must be >= 0"):
+            as_step_size(bad, "beta")
+    with pytest.raises(ValueError, match="step_size must be >= 0"):
+        as_step_size(-1)
+    for bad, kind in ((True, "bool"), ("0.1", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"beta must be a number or a callable t -> α_t, got {kind}$"):
+            as_step_size(bad, "beta")
+    for value in (0, 0.0, 0.5, 1, 1.0):
+        nu = as_momentum(value)
+        assert isinstance(nu, ConstantSchedule) and nu(1, 0.1) == float(value) and isinstance(nu.value, float)
+    momentum = MomentumSchedule()
+    assert as_momentum(momentum) is momentum
+    for bad in (-1e-12, 1.0000001, float("nan")):
+        with pytest.raises(ValueError, match="momentum must be in"):
+            as_momentum(bad)
+    for bad, kind in ((False, "bool"), ("0.5", "str")):
+        with pytest.raises(TypeError, match=f"momentum must be a number in .*, got {kind}$"):
+            as_momentum(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# observation normalization: SB3's RunningMeanStd (an independent implementation) is the reference
+
+
+def _sb3_reference(batches):
+    from stable_baselines3.common.running_mean_std import RunningMeanStd
+
+    reference = RunningMeanStd(epsilon=1e-4, shape=batches[0].shape[1:])
+    for batch in batches:
+        reference.update(batch)
+    return reference
+
+
+def test_normalizer_starts_from_sb3s_prior():
+    norm = ObservationNormalizer((np.int64(2), 3))
+    assert norm.shape == (2, 3) and all(type(s) is int for s in norm.shape)
+    assert torch.equal(norm.mean, torch.zeros(2, 3, dtype=torch.float64))
+    assert torch.equal(norm.var, torch.ones(2, 3, dtype=torch.float64))
+    assert norm.mean.dtype == norm.var.dtype == norm.count.dtype == torch.float64 and float(norm.count) == 1e-4
+    assert all(value.dtype == torch.float64 for value in norm.state_dict().values())  # what a fresh model saves
+
+
+def test_normalizer_round_with_a_single_observation_counts():
+    norm = ObservationNormalizer((2,))
+    norm.accumulate(torch.tensor([[3.0, -1.0], [9.0, 9.0]]), torch.tensor([1.0, 0.0]))
+    norm.commit()
+    reference = _sb3_reference([np.array([[3.0, -1.0]])])
+    assert np.allclose(norm.mean.numpy(), reference.mean, rtol=0, atol=1e-15)
+    assert np.allclose(norm.var.numpy(), reference.var, rtol=1e-14, atol=0)
+    assert float(norm.count) == pytest.approx(1 + 1e-4, rel=1e-15)
+    assert (norm.clip, norm.eps) == (10.0, 1e-8)
+
+
+def test_normalizer_pools_masked_observations_like_running_mean_std():
+    gen = torch.Generator().manual_seed(4)
+    norm = ObservationNormalizer((3,))
+    kept = []
+    for round_ in range(3):
+        obs = torch.randn(2, 4, 5, 3, generator=gen, dtype=torch.float32) * (round_ + 1) + round_
+        mask = (torch.rand(2, 4, 5, generator=gen) > 0.3).to(torch.float32)
+        mask[0, 0, 0] = 0.5  # any positive mask value counts as a step that ran
+        before = norm.normalize(obs)
+        norm.accumulate(obs[:1], mask[:1])
+        norm.accumulate(obs[1:], mask[1:])  # two calls in a round pool as one
+        assert torch.equal(norm.normalize(obs), before)  # nothing changes until commit
+        norm.commit()
+        kept.append(obs[mask > 0].to(torch.float64).numpy())
+        reference = _sb3_reference(kept)
+        assert np.allclose(norm.mean.numpy(), reference.mean, rtol=0, atol=1e-12)
+        assert np.allclose(norm.var.numpy(), reference.var, rtol=1e-12, atol=1e-13)
+        assert float(norm.count) == pytest.approx(reference.count, rel=1e-15)
+    # a round with nothing accumulated changes nothing (no 0/0)
+    state = norm.state_dict()
+    norm.commit()
+    norm.accumulate(torch.ones(2, 3), torch.zeros(2))
+    norm.commit()
+    for key, value in norm.state_dict().items():
+        assert torch.equal(value, state[key]), key
+
+
+def test_normalizer_batch_variance_never_negative():
+    norm = ObservationNormalizer((1,))
+    # identical observations: E[x²] − E[x]² rounds below zero in float64 (1000.1 is not exact)
+    obs = torch.full((7, 1), 1000.1, dtype=torch.float64)
+    total, squares = obs.sum(0), (obs * obs).sum(0)
+    assert float(squares / 7 - (total / 7) ** 2) < 0
+    norm.accumulate(obs, torch.ones(7))
+    norm.commit()
+    count = 1e-4 + 7
+    delta = float(total[0]) / 7
+    expected_var = (1e-4 * 1.0 + 0.0 + delta * delta * 1e-4 * 7 / count) / count
+    # unclamped, the rounding (−3.5e-10 · 7) would move the variance by ~2e-11 relative
+    assert float(norm.var[0]) == pytest.approx(expected_var, rel=1e-14)
+
+
+def test_normalize_is_the_clipped_standardization():
+    norm = ObservationNormalizer((2,), clip=3.0, eps=1e-2)
+    norm.load_state_dict({"mean": torch.tensor([1.0, -2.0]), "var": torch.tensor([4.0, 0.0]), "count": torch.tensor(5.0)})
+    obs = torch.tensor([[1.0, -2.0], [3.0, -1.9], [100.0, -100.0], [-1.0, -2.05]], dtype=torch.float64)
+    expected = [[0.0, 0.0], [2 / math.sqrt(4.01), 0.1 / math.sqrt(0.01)], [3.0, -3.0], [-2 / math.sqrt(4.01), -0.05 / 0.1]]
+    out = norm.normalize(obs)
+    assert out.dtype == torch.float32
+    assert torch.allclose(out, torch.tensor(expected, dtype=torch.float32), rtol=0, atol=1e-6)
+    out64 = norm.normalize(obs, torch.float64)
+    assert out64.dtype == torch.float64
+    assert torch.allclose(out64, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-12)
+    # default clip 10 and eps 1e-8 (SB3's)
+    plain = ObservationNormalizer((1,))
+    plain.load_state_dict({"mean": torch.zeros(1), "var": torch.zeros(1), "count": torch.tensor(1.0)})
+    assert float(plain.normalize(torch.tensor([[5e-4]], dtype=torch.float64), torch.float64)) == pytest.approx(5e-4 / 1e-4, rel=1e-12)
+    assert float(plain.normalize(torch.tensor([[1.0]]), torch.float64)) == 10.0
+
+
+def test_normalizer_state_round_trips_as_float64_copies():
+    norm = ObservationNormalizer((2,))
+    norm.accumulate(torch.tensor([[1.0, 2.0], [3.0, 6.0]]), torch.ones(2))
+    norm.commit()
+    state = norm.state_dict()
+    assert set(state) == {"mean", "var", "count"}
+    state["mean"] += 100.0  # a copy: the normalizer's moments do not move
+    assert torch.allclose(norm.mean, torch.tensor([2.0, 4.0], dtype=torch.float64) * 2 / (2 + 1e-4), rtol=1e-15)
+    other = ObservationNormalizer((2,))
+    source = {"mean": torch.tensor([1.5, -0.5], dtype=torch.float32), "var": torch.tensor([2.0, 3.0], dtype=torch.float32),
+              "count": torch.tensor(9.0, dtype=torch.float32)}
+    other.load_state_dict(source)
+    for key in ("mean", "var", "count"):
+        assert getattr(other, key).dtype == torch.float64 and torch.equal(getattr(other, key), source[key].double())
+    source["mean"] += 1.0  # loaded as copies too
+    assert other.mean.tolist() == [1.5, -0.5]
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation
+
+
+def _weighted_mean_by_hand(local, weights, valid):
+    """The weighted mean of the valid rows, one batch row at a time in float64 Python sums."""
+    *batch, n, d = local.shape
+    flat_local, flat_w, flat_v = local.reshape(-1, n, d), weights.reshape(-1, n), valid.reshape(-1, n)
+    rows = []
+    for x, w, v in zip(flat_local.tolist(), flat_w.tolist(), flat_v.tolist()):
+        total = sum(wk for wk, vk in zip(w, v) if vk)
+        rows.append([sum(wk * xk[j] for wk, xk, vk in zip(w, x, v) if vk) / total if total else math.nan for j in range(d)])
+    return torch.tensor(rows, dtype=torch.float64).reshape(*batch, d)
+
+
+def test_aggregate_normalizes_each_runs_weights_in_the_parameters_dtype():
+    g = torch.Generator().manual_seed(1)
+    local = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float32)  # two run axes [2, 3], n = 4
+    weights = torch.rand(2, 3, 4, generator=g, dtype=torch.float64) + 0.1
+    out = aggregate(local, weights)
+    assert out.dtype == torch.float32 and out.shape == (2, 3, 5)
+    expected = _weighted_mean_by_hand(local.double(), weights.float().double(), torch.ones(2, 3, 4, dtype=torch.bool))
+    assert torch.allclose(out.double(), expected, rtol=0, atol=1e-6)
+    assert torch.equal(aggregate(local), local.mean(-2))
+    # a participation mask as weights
+    mask = torch.tensor([True, False, True, True])
+    assert torch.allclose(aggregate(local[0, 0], mask), local[0, 0, [0, 2, 3]].mean(0), rtol=0, atol=1e-6)
+
+
+def test_masked_weights_are_float64_with_the_rejected_at_zero():
+    valid = torch.tensor([[True, False, True]])
+    ones = masked_weights(valid, None)
+    assert ones.dtype == torch.float64 and ones.tolist() == [[1.0, 0.0, 1.0]]
+    given = masked_weights(valid, torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float32))
+    assert given.dtype == torch.float64
+    assert given.tolist() == [[float(torch.tensor(0.1, dtype=torch.float32)), 0.0, float(torch.tensor(0.3, dtype=torch.float32))]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_aggregate_valid_weighted_with_rejections_on_two_run_axes(dtype):
+    g = torch.Generator().manual_seed(2)
+    local = torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64).to(dtype)
+    server = torch.randn(2, 3, 5, generator=g, dtype=torch.float64).to(dtype)
+    weights = torch.full((2, 3, 4), 0.125, dtype=torch.float64)  # every run's weights sum to < 1
+    weights[1, 2] = torch.tensor([0.0, 0.3, 0.0, 0.2])
+    bad = local.clone()
+    bad[0, 0, 1] = float("nan")
+    bad[0, 1, :3] = float("inf")  # one agent left: weight 0.125 (< 1), still aggregated
+    bad[1, 0] = float("nan")  # nobody left: the server's value
+    bad[1, 2, 1] = float("-inf")  # only agent 3 is valid and weighted
+    seen = []
+    mean, check = aggregate_valid(bad, server, weights, on_reject=seen.append)
+    assert len(seen) == 1 and check.valid.shape == (2, 3, 4)
+    assert mean.dtype == dtype and mean.shape == (2, 3, 5)
+    assert check.skipped.tolist() == [[False, False, False], [True, False, False]]
+    expected = _weighted_mean_by_hand(local.double().nan_to_num(), weights, check.valid)
+    expected[1, 0] = server[1, 0].double()
+    tol = 1e-6 if dtype == torch.float32 else 1e-14
+    assert torch.allclose(mean.double(), expected, rtol=0, atol=tol)
+    assert torch.equal(mean[0, 1], local[0, 1, 3]) and torch.equal(mean[1, 2], local[1, 2, 3])
+    assert torch.equal(mean[1, 0], server[1, 0])
+    # fractional weights that exclude every valid agent: the run keeps the server's value
+    zero_w = weights.clone()
+    zero_w[0, 1, 3] = 0.0
+    mean, check = aggregate_valid(bad, server, zero_w, on_reject=seen.append)
+    assert torch.equal(mean[0, 1], server[0, 1]) and torch.equal(mean[1, 2], local[1, 2, 3])
+
+
+def test_aggregate_valid_without_a_run_axis():
+    local = torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [3.0, 8.0]], dtype=torch.float64)
+    server = torch.tensor([-1.0, -1.0], dtype=torch.float64)
+    check = validate_updates(local, server, "parameters")
+    assert check.valid.tolist() == [True, False, True]
+    assert check.reasons == ("agent 1: parameters has 1 non-finite values (NaN or inf) of 2",)
+    mean, _ = aggregate_valid(local, server, check=check, on_reject=lambda c: None)
+    assert mean.tolist() == [2.0, 5.0]
+    mean, _ = aggregate_valid(local, server, torch.tensor([1.0, 1.0, 3.0]), on_reject=lambda c: None)
+    assert mean.tolist() == [2.5, 6.5]
+    nothing = torch.full((3, 2), float("nan"), dtype=torch.float64)
+    mean, check = aggregate_valid(nothing, server, on_reject=lambda c: None)
+    assert torch.equal(mean, server) and bool(check.skipped)
+
+
+def test_validate_updates_reasons_name_every_run_axis_and_shape():
+    like = torch.zeros(2, 3, 4)
+    updates = torch.zeros(2, 3, 5, 4)
+    updates[1, 2, 0, 1] = float("nan")
+    updates[0, 1, 4] = float("inf")
+    check = validate_updates(updates, like, "direction")
+    assert check.reasons == ("run 0, 1, agent 4: direction has 4 non-finite values (NaN or inf) of 4",
+                             "run 1, 2, agent 0: direction has 1 non-finite values (NaN or inf) of 4")
+    # a wrong shape rejects every agent: the mask keeps the batch and agent axes
+    wrong = validate_updates(torch.zeros(2, 3, 5, 7), like)
+    assert wrong.valid.shape == (2, 3, 5) and not wrong.valid.any()
+    assert wrong.reasons == ("every agent: update tensor has shape [2, 3, 5, 7], expected [2, 3, n, 4]",)
+    # too few dims to hold an agent axis: one (rejected) agent per run
+    short = validate_updates(torch.zeros(2), torch.zeros(2, 4))
+    assert short.valid.shape == (2, 1) and not short.valid.any()
+    assert short.reasons == ("every agent: update tensor has shape [2], expected [2, n, 4]",)
+    scalar = validate_updates(torch.zeros(()), torch.zeros(3), extra_dims=0)
+    assert scalar.valid.shape == (3, 1) and not scalar.valid.any()
+    listed = validate_updates([torch.zeros(4), [0.0] * 4, None], torch.zeros(4), "gradient")
+    assert listed.reasons == ("agent 1: gradient is a list, not a tensor", "agent 2: gradient is a NoneType, not a tensor")
+
+
+def test_warn_rejected_message_and_where_it_points():
+    check = UpdateCheck(torch.tensor([[True, False], [True, True]]), ("run 0, agent 1: a", "run 0, agent 0: b"))
+    with pytest.warns(RejectedUpdateWarning) as record:
+        warn_rejected(check)
+    assert str(record[0].message) == "server: rejected 1 update(s): run 0, agent 1: a; run 0, agent 0: b"
+    skipped = UpdateCheck(torch.tensor([[False, False], [True, True]]), ("x", "y"))
+    with pytest.warns(RejectedUpdateWarning) as record:
+        warn_rejected(skipped, "round 3")
+    assert str(record[0].message) == ("round 3: rejected 2 update(s): x; y; 1 run(s) had no valid update and skipped "
+                                      "the round (server state unchanged)")
+
+
+@pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ, reason="mutmut's trampolines add frames between the caller and the server function")
+def test_rejected_update_warning_points_at_the_servers_caller():
+    # stacklevel 3: warn_rejected <- aggregate_valid <- its caller (this file), not the library
+    local = torch.tensor([[[1.0], [float("nan")]]])
+    with pytest.warns(RejectedUpdateWarning) as record:
+        aggregate_valid(local, torch.zeros(1, 1))
+    assert record[0].filename == __file__
+
+
+# ---------------------------------------------------------------------------------------------
+# directions
+
+
+class _Affine(GradientEstimator):
+    """Direction ``target − θ`` (deterministic), recording every call's batch size request."""
+
+    def __init__(self, target: torch.Tensor) -> None:
+        super().__init__(policy=object(), gamma=1)
+        self.target, self.calls = target, 0
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return 3
+
+    def __call__(self, sampler, theta):
+        self.calls += 1
+        assert sampler(theta, self.trajectories_per_step) == "batch"
+        return self.target - theta
+
+
+def test_local_update_takes_tau_steps_along_the_direction():
+    theta0 = torch.tensor([[0.0, 1.0], [2.0, -4.0]], dtype=torch.float64)
+    target = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    for tau, beta in ((0, 0.5), (1, 0.5), (3, 0.25), (4, torch.tensor([[0.5], [0.125]], dtype=torch.float64))):
+        estimator = _Affine(target)
+        out = local_update(estimator, lambda theta, m: "batch", theta0, beta, tau)
+        expected = target + (1 - beta) ** tau * (theta0 - target)  # θ_k − target shrinks by (1 − β) a step
+        assert estimator.calls == tau
+        assert torch.allclose(out, expected, rtol=0, atol=1e-15), tau
+    assert _Affine(target).gamma == 1.0 and isinstance(_Affine(target).gamma, float)
+
+
+def test_policy_gradient_direction_draws_m_trajectories_at_theta():
+    policy = TabularPolicy(gym.spaces.Discrete(3), gym.spaces.Discrete(2), dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    theta = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    m, horizon = 4, 3
+    traj = Trajectories(
+        torch.randint(0, 3, (2, m, horizon), generator=g),
+        torch.randint(0, 2, (2, m, horizon), generator=g),
+        torch.rand(2, m, horizon, generator=g, dtype=torch.float64),
+        torch.ones(2, m, horizon, dtype=torch.float64),
+    )
+    requests = []
+
+    def sampler(at, count):
+        requests.append((at, count))
+        return traj
+
+    estimator = PolicyGradient(policy, 0.8, m)
+    assert (estimator.name, estimator.m, estimator.trajectories_per_step, estimator.gamma) == ("pg", m, m, 0.8)
+    assert estimator.policy is policy and PolicyGradient(policy, 1, 2, name="fedavg").name == "fedavg"
+    out = estimator(sampler, theta)
+    assert requests[0][0] is theta and requests[0][1] == m
+    assert torch.equal(out, policy_gradient(policy, theta, traj, 0.8))
+    assert not torch.allclose(out, policy_gradient(policy, theta, traj, 0.5))  # γ is the estimator's
+    for bad, error in ((0, ValueError), (2.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="m must be"):
+            PolicyGradient(policy, 0.9, bad)
+
+
+def test_step_size_checks():
+    for value in (0, 3, 0.5, np.int64(2), np.float32(0.25)):
+        out = check_step_size("beta", value)
+        assert type(out) is float and out == float(value)
+    for bad, kind in ((True, "bool"), (np.bool_(False), "bool"), ("0.1", "str"), (None, "NoneType"), (torch.tensor(0.1), "Tensor")):
+        with pytest.raises(TypeError, match=f"^beta must be a number, got {kind}$"):
+            check_step_size("beta", bad)
+    for bad in (-1, -1e-300, float("nan"), np.float64(-2.0)):
+        with pytest.raises(ValueError, match="beta must be >= 0"):
+            check_step_size("beta", bad)
+    assert check_step_size_or_tensor("alpha", 2) == 2.0 and type(check_step_size_or_tensor("alpha", 2)) is float
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        check_step_size_or_tensor("alpha", -0.5)
+    leaf = torch.tensor([[0.0], [0.5]], requires_grad=True)
+    out = check_step_size_or_tensor("alpha", leaf)
+    assert not out.requires_grad and torch.equal(out, leaf.detach())
+    with pytest.raises(TypeError, match="alpha must be a floating-point tensor"):
+        check_step_size_or_tensor("alpha", torch.tensor([1, 2]))
+    for bad in (torch.tensor([0.1, -1e-30]), torch.tensor([float("nan")]), torch.tensor([float("inf"), 1.0])):
+        with pytest.raises(ValueError, match="alpha must be finite and >= 0"):
+            check_step_size_or_tensor("alpha", bad)
+
+
+def test_scale_casts_a_tensor_step_to_the_vectors_dtype():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float32)
+    alpha = torch.tensor([[0.1], [1 / 3]], dtype=torch.float64)
+    out = scale(alpha, x)
+    assert out.dtype == torch.float32 and torch.equal(out, alpha.float() * x)
+    assert torch.equal(scale(0.5, x), x * 0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# SCAFFOLD's control variates
+
+
+def test_control_updates_are_scaffolds_option_two():
+    g = torch.Generator().manual_seed(6)
+    runs, n, d = 2, 3, 4
+    c = torch.randn(runs, d, generator=g, dtype=torch.float64)
+    c_i = torch.randn(runs, n, d, generator=g, dtype=torch.float64)
+    x = torch.randn(runs, d, generator=g, dtype=torch.float64)
+    y = torch.randn(runs, n, d, generator=g, dtype=torch.float64)
+    new = agent_control_update(c_i, c, y, x, 0.4)
+    for r in range(runs):
+        for i in range(n):
+            assert torch.allclose(new[r, i], c_i[r, i] - c[r] + (y[r, i] - x[r]) / 0.4, rtol=0, atol=1e-14)
+    sums = torch.tensor([[[0.5], [1.0], [2.0]]] * runs, dtype=torch.float64)
+    assert torch.allclose(agent_control_update(c_i, c, y, x, sums)[:, 2], c_i[:, 2] - c + (y[:, 2] - x) / 2.0, rtol=0, atol=1e-14)
+    used = torch.tensor([[True, False, True], [False, False, False]])
+    server = server_control_update(c, c_i, new, used)
+    assert torch.allclose(server[0], c[0] + ((new[0, 0] - c_i[0, 0]) + (new[0, 2] - c_i[0, 2])) / n, rtol=0, atol=1e-14)
+    assert torch.equal(server[1], c[1])
+
+
+def test_control_variates_round_in_place_keeps_c_the_mean_of_c_i():
+    runs, n, d = 2, 3, 2
+    controls = ControlVariates.zeros(runs, n, d, dtype=torch.float64)
+    assert controls.server.shape == (runs, d) and controls.agents.shape == (runs, n, d)
+    assert controls.server.dtype == controls.agents.dtype == torch.float64
+    assert not controls.server.any() and not controls.agents.any()
+    assert ControlVariates.zeros(1, 2, 3).server.dtype == torch.float32
+    g = torch.Generator().manual_seed(7)
+    theta = torch.randn(runs, d, generator=g, dtype=torch.float64)
+    everyone = torch.ones(runs, n, dtype=torch.bool)
+    for step_sum in (0.5, 0.25):
+        local = theta.unsqueeze(-2) + torch.randn(runs, n, d, generator=g, dtype=torch.float64)
+        before_server, before_agents = controls.server.clone(), controls.agents.clone()
+        controls.update(local, theta, step_sum, everyone)
+        expected_agents = before_agents - before_server.unsqueeze(-2) + (local - theta.unsqueeze(-2)) / step_sum
+        assert torch.allclose(controls.agents, expected_agents, rtol=0, atol=1e-14)
+        assert torch.allclose(controls.server, controls.agents.mean(-2), rtol=0, atol=1e-14)
+        assert torch.allclose(controls.correction(), controls.server.unsqueeze(-2) - controls.agents, rtol=0, atol=0)
+    some = torch.tensor([[True, False, False], [False, True, True]])
+    before_server, before_agents = controls.server.clone(), controls.agents.clone()
+    local = theta.unsqueeze(-2) + 1.0
+    controls.update(local, theta, 2.0, some)
+    assert torch.equal(controls.agents[0, 1:], before_agents[0, 1:]) and torch.equal(controls.agents[1, 0], before_agents[1, 0])
+    moved = before_agents[0, 0] - before_server[0] + 0.5
+    assert torch.allclose(controls.agents[0, 0], moved, rtol=0, atol=1e-14)
+    assert torch.allclose(controls.server[0], before_server[0] + (moved - before_agents[0, 0]) / n, rtol=0, atol=1e-14)
+
+
+def test_control_variates_check_names_the_problem():
+    controls = ControlVariates.zeros(2, 3, 4, dtype=torch.float64)
+    theta = torch.zeros(2, 4, dtype=torch.float64)
+    controls.check(theta, 3, 0.1)
+    controls.check(theta, 3, torch.tensor([[[0.1]], [[1e-9]]]))
+    with pytest.raises(ValueError, match=r"shapes c \[2, 4\] and c_i \[2, 5, 4\], got \[2, 4\] and \[2, 3, 4\]"):
+        controls.check(theta, 5, 0.1)
+    with pytest.raises(ValueError, match=r"c \[2, 5\]"):
+        controls.check(torch.zeros(2, 5, dtype=torch.float64), 3, 0.1)
+    with pytest.raises(ValueError, match=r"c \[1, 4\]"):
+        controls.check(torch.zeros(1, 4, dtype=torch.float64), 3, 0.1)
+    with pytest.raises(ValueError, match="parameters' dtype torch.float32, got torch.float64 / torch.float64"):
+        controls.check(theta.float(), 3, 0.1)
+    mixed = ControlVariates(torch.zeros(2, 4, dtype=torch.float64), torch.zeros(2, 3, 4, dtype=torch.float32))
+    with pytest.raises(ValueError, match="got torch.float64 / torch.float32"):
+        mixed.check(theta, 3, 0.1)
+    for bad in (0.0, -1.0, torch.tensor([[[0.1]], [[0.0]]])):
+        with pytest.raises(ValueError, match="sum to > 0"):
+            controls.check(theta, 3, bad)
+
+
+def test_corrected_direction_adds_the_correction_in_thetas_dtype():
+    target = torch.tensor([[1.0, 2.0]], dtype=torch.float32)
+    inner = _Affine(target)
+    inner.name = "inner"
+    correction = torch.tensor([[0.1, -0.2]], dtype=torch.float64)
+    corrected = CorrectedDirection(inner, correction)
+    assert (corrected.name, corrected.trajectories_per_step, corrected.gamma) == ("inner", 3, 1.0)
+    assert corrected.policy is inner.policy and corrected.inner is inner and not corrected.per_agent_state
+    theta = torch.tensor([[0.5, 0.5]], dtype=torch.float32)
+    out = corrected(lambda at, m: "batch", theta)
+    assert out.dtype == torch.float32 and torch.equal(out, (target - theta) + correction.float())
+
+
+def test_validate_updates_sizes_in_reasons_and_type_errors():
+    spreads = torch.tensor([[0.5, float("nan"), 1.0]])
+    check = validate_updates(spreads, torch.zeros(1), "spread", extra_dims=0)
+    assert check.reasons == ("run 0, agent 1: spread has 1 non-finite values (NaN or inf) of 1",)
+    one = validate_updates(torch.tensor([[[float("inf")], [0.0]]]), torch.zeros(1, 1))
+    assert one.reasons == ("run 0, agent 0: update has 1 non-finite values (NaN or inf) of 1",)
+    assert one.valid.tolist() == [[False, True]]
+    empty = validate_updates([], torch.zeros(3))  # a round in which no client answered
+    assert empty.valid.dtype == torch.bool and empty.valid.shape == (0,) and empty.all_valid
+    with pytest.raises(TypeError, match="like must be a torch.Tensor, got list"):
+        validate_updates(torch.ones(1, 2, 3), [0.0])
+    with pytest.raises(TypeError, match="sequence of tensors, got int"):
+        validate_updates(5, torch.zeros(3))
+    with pytest.raises(TypeError, match="sequence of tensors, got str"):
+        validate_updates("abc", torch.zeros(3))
+
+
+# ---------------------------------------------------------------------------------------------
+# the server's Adam
+
+
+def test_adam_on_two_run_axes_equals_the_flattened_runs():
+    g = torch.Generator().manual_seed(8)
+    theta = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    state = AdamState.zeros_like(theta)
+    assert state.step.shape == (2, 3) and state.step.dtype == torch.float64
+    assert AdamState.zeros_like(theta.float()).step.dtype == torch.float32
+    flat_theta, flat_state = theta.reshape(6, 4), AdamState.zeros_like(theta.reshape(6, 4))
+    active = torch.tensor([[True, False, True], [True, True, False]])
+    for k in range(3):
+        direction = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+        mask = None if k == 0 else active
+        theta, state = adam_ascent(theta, direction, state, 0.05, active=mask)
+        flat_theta, flat_state = adam_ascent(flat_theta, direction.reshape(6, 4), flat_state, 0.05,
+                                             active=None if mask is None else mask.reshape(6))
+        assert torch.equal(theta.reshape(6, 4), flat_theta) and torch.equal(state.step.reshape(6), flat_state.step)
+        assert torch.equal(state.first.reshape(6, 4), flat_state.first)
+        assert torch.equal(state.second.reshape(6, 4), flat_state.second)
+    assert state.step.tolist() == [[3.0, 1.0, 3.0], [3.0, 3.0, 1.0]]
+
+
+def test_adam_defaults_are_torchs_and_shape_errors_name_the_tensors():
+    theta0 = torch.tensor([[0.5, -1.0, 2.0]], dtype=torch.float64)
+    p = torch.nn.Parameter(theta0[0].clone())
+    reference = torch.optim.Adam([p], lr=0.1)  # betas (0.9, 0.999), eps 1e-8
+    theta, state = theta0.clone(), AdamState.zeros_like(theta0)
+    for direction in ([1e-7, -2e-7, 3.0], [2e-7, 1e-7, -1.0], [0.0, 1e-8, 0.5]):
+        theta, state = adam_ascent(theta, torch.tensor([direction], dtype=torch.float64), state, 0.1)
+        reference.zero_grad()
+        p.grad = -torch.tensor(direction, dtype=torch.float64)
+        reference.step()
+    assert torch.allclose(theta[0], p.detach(), rtol=0, atol=1e-15)
+    theta = torch.zeros(2, 3, 4)
+    good = AdamState.zeros_like(theta)
+    with pytest.raises(ValueError, match="moments"):
+        adam_ascent(theta, torch.ones(2, 3, 4), AdamState(good.step, torch.zeros(2, 3, 5), good.second), 0.1)
+    with pytest.raises(ValueError, match="moments"):
+        adam_ascent(theta, torch.ones(2, 3, 4), AdamState(good.step, good.first, torch.zeros(1, 4)), 0.1)
+    with pytest.raises(ValueError, match=r"state.step must have theta's batch shape \(2, 3\), got \(2,\)"):
+        adam_ascent(theta, torch.ones(2, 3, 4), AdamState(torch.zeros(2), good.first, good.second), 0.1)
+    assert check_server_optimizer("opt", "sgd") == "sgd"
+    with pytest.raises(ValueError, match=r"^opt must be one of \('sgd', 'adam'\), got 'Adam'$"):
+        check_server_optimizer("opt", "Adam")
