@@ -21,7 +21,7 @@ from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation, participated
 from fedrl_algos.core.optim import AdamState, adam_ascent
 
-__all__ = ["fedavg_pg_round"]
+__all__ = ["fedavg_pg_round", "round_step_sizes", "fedavg_local_steps", "fedavg_server_step"]
 
 
 def fedavg_pg_round(
@@ -70,17 +70,12 @@ def fedavg_pg_round(
     :return: the new server parameters ``[R, d]``, Adam's new state (``None`` without Adam) and the
         participation mask ``[R, n]`` (``None``: every agent)
     """
-    sizes = [step_size(t) for t in range(step + 1, step + local_steps + 1)]
-    step_sum = 0.0
-    for size in sizes:
-        step_sum += size
+    sizes, step_sum = round_step_sizes(step_size, step, local_steps)
     correction = None if control is None else control.correction()
 
     def steps(sampler, local: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         direction = estimator if correction is None else CorrectedDirection(estimator, gather(correction))
-        for size in sizes:
-            local = local + size * direction(sampler, local)
-        return local
+        return fedavg_local_steps(direction, sampler, local, sizes)
 
     if control is not None:
         control.check(theta, federation.n_agents, step_sum)
@@ -88,9 +83,33 @@ def fedavg_pg_round(
     average, check = aggregate_valid(local, theta, mask, on_reject=on_reject)
     if control is not None:
         control.update(local, theta, step_sum, participated(check, mask))
-    if server_state is None:
-        return average, None, mask
-    # Runs without a valid update take no Adam step: θ and Adam's moments stay as they are.
-    active = None if check.all_valid else ~check.skipped
-    new_theta, new_state = adam_ascent(theta, (average - theta) / step_sum, server_state, server_step_size, active=active)
+    new_theta, new_state = fedavg_server_step(theta, average, check, step_sum, server_state, server_step_size)
     return new_theta, new_state, mask
+
+
+def round_step_sizes(step_size: Callable[[int], float], step: int, local_steps: int) -> tuple[list[float], float]:
+    """The local step sizes ``α_t`` of a round (``t = step + 1, …, step + K``) and their sum."""
+    sizes = [step_size(t) for t in range(step + 1, step + local_steps + 1)]
+    step_sum = 0.0
+    for size in sizes:
+        step_sum += size
+    return sizes, step_sum
+
+
+def fedavg_local_steps(direction: GradientEstimator, sampler, local: torch.Tensor, sizes: list[float]) -> torch.Tensor:
+    """An agent's side of a round: ``θ_k ← θ_k + α_t ĝ_k(θ_k)`` for each step size of ``sizes`` on fresh batches."""
+    for size in sizes:
+        local = local + size * direction(sampler, local)
+    return local
+
+
+def fedavg_server_step(
+    theta: torch.Tensor, average: torch.Tensor, check, step_sum: float, server_state: AdamState | None, server_step_size: float
+) -> tuple[torch.Tensor, AdamState | None]:
+    """The server's side: adopt the average (``server_state=None``) or take Adam's step along the
+    round's average local direction ``(average − θ) / Σ_t α_t``; runs whose updates were all
+    rejected (``check.skipped``) keep θ and Adam's moments."""
+    if server_state is None:
+        return average, None
+    active = None if check.all_valid else ~check.skipped
+    return adam_ascent(theta, (average - theta) / step_sum, server_state, server_step_size, active=active)

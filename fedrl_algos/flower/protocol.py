@@ -30,7 +30,7 @@ from fedrl_algos.core.aggregation import UpdateCheck, aggregate_valid
 from fedrl_algos.core.attacks import attack_streams
 from fedrl_algos.core.directions import local_update
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.optim import adam_ascent
+from fedrl_algos.fedavg_pg.update import fedavg_local_steps, fedavg_server_step, round_step_sizes
 from fedrl_envs.core import index_params, params_to
 from fedrl_envs.rng import RandomStreams
 from fedrl_wrappers import FederatedVecEnv
@@ -366,9 +366,8 @@ class AveragingProtocol(RoundProtocol):
         model = worker.model
         theta = _tensor(arrays, "theta", model.policy.theta).reshape(1, 1, -1)
         if type(model).__name__ == "FedAvgPG":
-            local = theta
-            for t in range(int(config["local-step"]) + 1, int(config["local-step"]) + model.local_steps + 1):
-                local = local + model.step_size(t) * model.estimator(worker.federation.sampler, local)
+            sizes, _ = round_step_sizes(model.step_size, int(config["local-step"]), model.local_steps)
+            local = fedavg_local_steps(model.estimator, worker.federation.sampler, theta, sizes)
         else:
             local = local_update(model.estimator, worker.federation.sampler, theta, model.step_size, model.local_steps)
         return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(model.trajectories_per_round)})
@@ -387,13 +386,10 @@ class AveragingProtocol(RoundProtocol):
         weights = self._mask
         check = UpdateCheck(check.valid | ~present, check.reasons)
         average, check = aggregate_valid(local, theta, weights, check=check, on_reject=self._reject)
-        state = getattr(model, "optimizer_state", None)
         if type(model).__name__ == "FedAvgPG":
-            step_sum = sum(model.step_size(t) for t in range(model.local_step + 1, model.local_step + model.local_steps + 1))
-            if state is not None:
-                active = None if check.all_valid else ~check.skipped
-                average, state = adam_ascent(theta, (average - theta) / step_sum, state, model.server_step_size, active=active)
-                model._store_server_state(state)
+            _, step_sum = round_step_sizes(model.step_size, model.local_step, model.local_steps)
+            average, state = fedavg_server_step(theta, average, check, step_sum, model.optimizer_state, model.server_step_size)
+            model._store_server_state(state)
             model.local_step += model.local_steps
         model.policy.theta.data.copy_(average[0])
         return {"skipped": False, "rejected": int((present & ~check.valid).sum()), "reasons": check.reasons}
