@@ -31,6 +31,7 @@ from fedrl_algos.core.attacks import attack_streams
 from fedrl_algos.core.directions import local_update
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.fedavg_pg.update import fedavg_local_steps, fedavg_server_step, round_step_sizes
+from fedrl_algos.mfpo.update import MFPOState
 from fedrl_envs.core import index_params, params_to
 from fedrl_envs.rng import RandomStreams
 from fedrl_wrappers import FederatedVecEnv
@@ -438,8 +439,6 @@ class MFPOProtocol(RoundProtocol):
         return arrays, {"local-step": int(model.local_step), "round": int(model.rounds_done)}
 
     def _agent_update(self, worker, arrays, config, state) -> AgentReply:
-        from fedrl_algos.mfpo.update import MFPOState
-
         model = worker.model
         like = model.policy.theta
         theta = _tensor(arrays, "theta", like).reshape(1, 1, -1)
