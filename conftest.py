@@ -37,6 +37,9 @@ def pytest_configure(config: pytest.Config) -> None:
         # (default /tmp/ray): both in pytest's temporary tree, set before tests/test_flower.py imports them.
         os.environ.setdefault("FLWR_HOME", str(factory.mktemp("flwr_home")))
         os.environ.setdefault("RAY_TMPDIR", str(factory.mktemp("ray")))
+        # TorchRL and skrl (tests/test_compat.py) import torch._inductor, which makes its cache
+        # directory (default /tmp/torchinductor_<user>) on import.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(factory.mktemp("torchinductor")))
 
 
 def _flower_available() -> bool:
