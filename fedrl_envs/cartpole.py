@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.core import FamilyEnv, TaskFamily, check_int, derived
 from fedrl_envs.ops import array_ops
 
 __all__ = [
@@ -144,15 +144,22 @@ class CartPoleParams:
     force_mag: torch.Tensor
     horizon: int = 499
 
-    @property
+    # Derived once per parameter object (the fields are never written in place): a batch's
+    # kernel step then spends no operation on them.
+    @derived
     def total_mass(self) -> torch.Tensor:
         """Cart plus pole (kg)."""
         return self.masspole + self.masscart
 
-    @property
+    @derived
     def polemass_length(self) -> torch.Tensor:
         """Pole mass times the hinge-to-centre-of-mass distance (kg·m)."""
         return self.masspole * self.length
+
+    @derived
+    def neg_force_mag(self) -> torch.Tensor:
+        """The push of action 0 (N): ``-force_mag``."""
+        return -self.force_mag
 
     def to_dtype(self, dtype: Any) -> CartPoleParams:
         """The same parameters with every array field cast to ``dtype`` (``self`` if already there).
@@ -197,18 +204,21 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         xp = array_ops(state)
         p = params.to_dtype(state.dtype)
         x, x_dot, theta, theta_dot = xp.unbind(state)
-        force = xp.where(action == 1, p.force_mag, -p.force_mag)
+        force = xp.where(action == 1, p.force_mag, p.neg_force_mag)
         cos, sin = xp.cos(theta), xp.sin(theta)
         # Lagrange's equations of the frictionless cart-pole, solved for the two accelerations:
         # ``shared`` is the cart acceleration the force and the pole's centripetal pull would give
         # without the pole's own angular acceleration; the pole's inertia about its centre of mass
         # (a uniform rod: m·(2l)²/12 = m·l²/3) gives the 4/3.
-        shared = (force + p.polemass_length * theta_dot * theta_dot * sin) / p.total_mass
-        theta_acc = (GRAVITY * sin - cos * shared) / (p.length * (4.0 / 3.0 - p.masspole * cos * cos / p.total_mass))
-        x_acc = shared - p.polemass_length * theta_acc * cos / p.total_mass
-        # Explicit Euler: positions advance with the old velocities, velocities with the new accelerations.
-        next_state = state + TAU * xp.stack((x_dot, x_acc, theta_dot, theta_acc))
-        next_x, _, next_theta, _ = xp.unbind(next_state)
+        total_mass, polemass_length = p.total_mass, p.polemass_length
+        shared = (force + polemass_length * theta_dot * theta_dot * sin) / total_mass
+        theta_acc = (GRAVITY * sin - cos * shared) / (p.length * (4.0 / 3.0 - p.masspole * cos * cos / total_mass))
+        x_acc = shared - polemass_length * theta_acc * cos / total_mass
+        # Explicit Euler: positions advance with the old velocities, velocities with the new
+        # accelerations. Component by component, so that a batch's components stay contiguous
+        # arrays (xp.stack keeps them so): every elementwise operation then runs vectorized.
+        next_x, next_theta = x + TAU * x_dot, theta + TAU * theta_dot
+        next_state = xp.stack((next_x, x_dot + TAU * x_acc, next_theta, theta_dot + TAU * theta_acc))
         terminated = (abs(next_x) > X_THRESHOLD) | (abs(next_theta) > THETA_THRESHOLD)
         # Reward 1 for every step, including the one that terminates.
         return next_state, xp.ones_like(next_x), terminated

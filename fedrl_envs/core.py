@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 import operator
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 import gymnasium as gym
@@ -24,7 +24,7 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from fedrl_envs.rng import OneStream, RandomStreams, derive_keys, seed_from_entropy
+from fedrl_envs.rng import _GOLDEN, OneStream, RandomStreams, derive_keys, seed_from_entropy, uniform32_of_mix64
 
 __all__ = [
     "TaskFamily",
@@ -142,6 +142,28 @@ def _tensor_fields(params: Any) -> list[str]:
     return [f.name for f in dataclasses.fields(params) if isinstance(getattr(params, f.name), torch.Tensor)]
 
 
+class derived:  # noqa: N801 (used as a decorator, like functools.cached_property)
+    """A parameter dataclass's quantity derived from its fields, computed on first use and kept.
+
+    Like :func:`functools.cached_property` without its lock (a lock per lookup costs more than a
+    small kernel operation): the value lands in the instance's ``__dict__``, where later lookups find it first.
+    Parameter dataclasses are frozen and their tensors never written in place, so the value
+    never goes stale; :func:`dataclasses.replace` builds a new object that derives it afresh.
+    """
+
+    def __init__(self, compute: Callable[[Any], Any]) -> None:
+        self.compute = compute
+        self.name = compute.__name__
+        self.__doc__ = compute.__doc__
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self.compute(obj)
+        obj.__dict__[self.name] = value
+        return value
+
+
 def stack_params(tasks: Sequence[P]) -> P:
     """Stack task parameters along a new leading agent axis.
 
@@ -225,6 +247,17 @@ def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Ten
     if not template.is_floating_point() and (state_t.is_floating_point() or state_t.dtype == torch.bool):
         raise TypeError(f"{name} must hold integers (dtype {template.dtype}), got dtype {state_t.dtype}")
     return state_t.to(device=template.device, dtype=template.dtype).clone()
+
+
+def fresh_observation(obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """``obs`` as a C-contiguous tensor of its own (a copy when it shares memory with ``state``).
+
+    Kernels keep a state's components contiguous (``[N, d]`` views of ``[d, N]`` arrays, see
+    :meth:`fedrl_envs.ops.TorchOps.stack`); what a caller receives is an ordinary row-major batch.
+    """
+    if obs.data_ptr() == state.data_ptr():
+        return obs.clone(memory_format=torch.contiguous_format)
+    return obs.contiguous()
 
 
 class TaskFamily(ABC, Generic[P]):
@@ -624,22 +657,35 @@ class FamilyVectorEnv(VectorEnv):
         advances by the full draw's ``n_envs * d`` words; so the streams, and every later number,
         are those of drawing the whole batch. Returns the states and the rows' task parameters.
         """
-        dim = self.family.reset_noise_dim
-        agent, env = rows // self.n_envs, rows % self.n_envs
-        offsets = env.unsqueeze(1) * dim + torch.arange(dim, device=rows.device)
-        noise = self.streams.uniform_at(agent.unsqueeze(1), offsets)
-        agents = torch.zeros(self.n_agents, dtype=torch.bool, device=rows.device)
-        agents[agent] = True
-        self.streams.advance(self.n_envs * dim, where=agents)
+        row_agent, bases = self._reset_word_bases()
+        agent = row_agent[rows]
+        # Word k of row r hashes key + (counter + offset) * golden; modulo 2**64 that is
+        # (key + offset * golden) + counter * golden, and the first term is fixed per row.
+        words = bases[rows] + (self.streams.counters * _GOLDEN)[agent].unsqueeze(1)
+        noise = uniform32_of_mix64(words)
+        step = torch.zeros_like(self.streams.counters).index_fill_(0, agent, self.n_envs * self.family.reset_noise_dim)
+        self.streams.counters = self.streams.counters + step
         params = index_params(self.params, rows)
         return self.family.reset(params, noise), params
 
+    def _reset_word_bases(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's agent ``[num_envs]`` and its reset words' fixed part ``key + offset * golden`` ``[num_envs, d]``.
+
+        Rebuilt whenever the streams' keys change (a new seed, loaded stream state).
+        """
+        keys = self.streams.keys
+        cached = getattr(self, "_word_bases", None)
+        if cached is None or cached[0] is not keys or cached[1] != keys._version:
+            dim = self.family.reset_noise_dim
+            row_agent = torch.arange(self.n_agents, device=self.device).repeat_interleave(self.n_envs)
+            offsets = torch.arange(self.n_envs * dim, device=self.device).reshape(self.n_envs, dim).repeat(self.n_agents, 1)
+            cached = (keys, keys._version, row_agent, keys.reshape(-1)[row_agent].unsqueeze(1) + offsets * _GOLDEN)
+            self._word_bases = cached
+        return cached[2], cached[3]
+
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
-        """Observations that never alias the internal state (callers may write into them)."""
-        obs = self.family.observe(state, self.params)
-        if obs.data_ptr() == state.data_ptr():
-            obs = obs.clone()
-        return obs
+        """Observations that never alias the internal state (callers may write into them), C-contiguous."""
+        return fresh_observation(self.family.observe(state, self.params), state)
 
     def _export(self, x: torch.Tensor, dtype: Any = None) -> Any:
         """A returned tensor in the caller's array type (NumPy: on the CPU, in ``dtype`` if given)."""
@@ -791,18 +837,24 @@ class FamilyVectorEnv(VectorEnv):
             # One synchronizing call per step; resets are drawn only when some episode ended.
             rows = done.nonzero().squeeze(1)
             if rows.numel():
-                fresh, fresh_params = self._draw_reset_rows(rows)
                 info["final_obs"] = obs
                 info["_final_obs"] = done
                 info["final_info"] = {}
                 info["_final_info"] = done
-                # Only the rows that reset are drawn, reset and observed (a few per step), not the
-                # batch; the kernel's fresh output is written in place unless it is the old state.
-                if next_state.data_ptr() == self._state.data_ptr():
-                    next_state = next_state.clone()
-                next_state.index_put_((rows,), fresh)
                 t.masked_fill_(done, 0)
-                obs = obs.index_put((rows,), self.family.observe(fresh, fresh_params).to(obs.dtype))
+                if rows.numel() == self.num_envs:
+                    # Every episode ended (a time limit reached by all at once): the full draw
+                    # gives these very numbers without gathering anything.
+                    next_state = self._draw_reset_states()
+                    obs = self._observe(next_state)
+                else:
+                    # Only the rows that reset are drawn, reset and observed (a few per step), not
+                    # the batch; the kernel's output is written in place unless it is the old state.
+                    fresh, fresh_params = self._draw_reset_rows(rows)
+                    if next_state.data_ptr() == self._state.data_ptr():
+                        next_state = next_state.clone()
+                    next_state.index_put_((rows,), fresh)
+                    obs = obs.index_put((rows,), self.family.observe(fresh, fresh_params).to(obs.dtype))
         self._state = next_state
         self._t = t
         return obs, reward, terminated, truncated, info

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.core import FamilyEnv, TaskFamily, check_int, derived
 from fedrl_envs.ops import array_ops
 
 __all__ = ["GridWorldParams", "GridWorldFamily", "GridWorldEnv", "GRIDWORLD", "gridworld_goals"]
@@ -66,7 +66,7 @@ class GridWorldParams:
     def n_states(self) -> int:
         return self.size * self.size
 
-    @property
+    @derived  # computed once per parameter object, not at every step
     def goal_index(self) -> torch.Tensor:
         """Goal state index ``y * size + x``, shape ``[...]``."""
         gx, gy = array_ops(self.goal).unbind(self.goal)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedrl_envs.cartpole import _DefaultPopulation
-from fedrl_envs.core import FamilyEnv, TaskFamily
+from fedrl_envs.core import FamilyEnv, TaskFamily, derived
 from fedrl_envs.ops import array_ops
 
 __all__ = ["PendulumParams", "PendulumFamily", "PendulumEnv", "PENDULUM", "PENDULUM_DEFAULTS", "angle_normalize"]
@@ -61,12 +61,12 @@ class PendulumParams:
     gravity: torch.Tensor
     horizon: int = 199
 
-    @property
+    @derived  # once per parameter object, not at every step
     def inertia(self) -> torch.Tensor:
         """Moment of inertia of the uniform rod about its hinge, ``mass·length²/3`` (kg·m²)."""
         return self.mass * self.length * self.length / 3.0
 
-    @property
+    @derived
     def gravity_torque(self) -> torch.Tensor:
         """Gravity torque at θ = ±90°, ``mass·gravity·length/2`` (N·m): it scales as ``sin θ``."""
         return self.mass * self.gravity * self.length / 2.0

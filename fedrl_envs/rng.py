@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RandomStreams", "OneStream", "mix64", "derive_keys", "seed_from_entropy", "words_to_uniform"]
+__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "derive_keys", "seed_from_entropy", "words_to_uniform"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -57,6 +57,18 @@ def _mix64(x: Any, wrap: Any) -> Any:
 def mix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64 finalizer: a bijective avalanche hash of int64 tensors (wrapping arithmetic)."""
     return _mix64(x, _no_wrap)
+
+
+def uniform32_of_mix64(x: torch.Tensor) -> torch.Tensor:
+    """``words_to_uniform(mix64(x), torch.float32)`` in three fewer operations, bit for bit.
+
+    A float32 uniform keeps the top 24 bits of its word, and the finalizer's last step,
+    ``x ^ (x >>> 31)``, changes only the low 33: so it is skipped.
+    """
+    x = x + _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MUL1
+    x = (x ^ _shr(x, 27)) * _MUL2
+    return _shr(x, 40).to(torch.float32) * (2.0**-24)
 
 
 def seed_from_entropy(bits: int = 62) -> int:
@@ -105,6 +117,18 @@ def words_to_uniform(words: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     return (_shr(words, 64 - bits).to(torch.float64) * (2.0**-bits)).to(dtype)
 
 
+def bits_at(keys: torch.Tensor, counters: torch.Tensor, streams: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Words ``counters + offsets`` of the streams ``streams`` of ``(keys, counters)``: :meth:`RandomStreams.bits_at` as a pure function.
+
+    :param keys: int64 stream keys (any shape; indexed flat)
+    :param counters: int64 counters, the shape of ``keys``
+    :param streams: int64 indices into the flattened streams, broadcasting with ``offsets``
+    :param offsets: int64 word offsets from each selected stream's counter
+    """
+    idx = counters.reshape(-1)[streams] + offsets
+    return mix64(keys.reshape(-1)[streams] + idx * _GOLDEN)
+
+
 class RandomStreams:
     """A batch of independent random streams, one per row (agent, run, ...).
 
@@ -138,15 +162,18 @@ class RandomStreams:
 
     def bits(self, shape: Sequence[int]) -> torch.Tensor:
         """Draw ``prod(shape)`` 64-bit words per stream: int64 tensor ``[*batch_shape, *shape]``."""
+        return mix64(self._advance_words(shape))
+
+    def _advance_words(self, shape: Sequence[int]) -> torch.Tensor:
+        """The finalizer inputs of :meth:`bits` (``key + index * golden``), advancing the counters."""
         shape = tuple(int(s) for s in shape)
         count = 1
         for s in shape:
             count *= s
         offsets = torch.arange(count, dtype=torch.int64, device=self.device).reshape(shape)
         idx = self.counters.reshape(self.keys.shape + (1,) * len(shape)) + offsets
-        out = mix64(self.keys.reshape(idx.shape[: self.keys.dim()] + (1,) * len(shape)) + idx * _GOLDEN)
         self.counters = self.counters + count
-        return out
+        return self.keys.reshape(idx.shape[: self.keys.dim()] + (1,) * len(shape)) + idx * _GOLDEN
 
     def bits_at(self, streams: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Words ``counter + offsets`` of the selected streams, without advancing any counter.
@@ -159,8 +186,7 @@ class RandomStreams:
         :param offsets: int64 word offsets from each selected stream's counter
         :return: int64 tensor of the broadcast shape
         """
-        idx = self.counters.reshape(-1)[streams] + offsets
-        return mix64(self.keys.reshape(-1)[streams] + idx * _GOLDEN)
+        return bits_at(self.keys, self.counters, streams, offsets)
 
     def advance(self, count: int, where: torch.Tensor | None = None) -> None:
         """Move the counters of the streams selected by ``where`` (bool, ``batch_shape``; all when ``None``) by ``count`` words."""
@@ -181,6 +207,8 @@ class RandomStreams:
         """
         if not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        if dtype == torch.float32:
+            return uniform32_of_mix64(self._advance_words(shape))
         return words_to_uniform(self.bits(shape), dtype)
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:

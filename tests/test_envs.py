@@ -30,7 +30,8 @@ from fedrl_envs import (
     derive_keys,
     stack_params,
 )
-from fedrl_envs.rng import mix64
+from fedrl_envs.rng import _GOLDEN as _GOLDEN_FOR_TEST
+from fedrl_envs.rng import mix64, uniform32_of_mix64, words_to_uniform
 
 GRID = "fedrl/GridWorld-v0"
 ARC = "fedrl/ArcNavigation-v0"
@@ -701,14 +702,22 @@ def test_uniform_lies_in_the_unit_interval_and_is_uniform(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_uniform_never_rounds_up_to_one(dtype):
-    class AllOnes(RandomStreams):
-        def bits(self, shape):
-            return torch.full((*self.batch_shape, *shape), -1, dtype=torch.int64)  # every bit set
-
-    u = AllOnes(torch.zeros(3, dtype=torch.int64)).uniform((4,), dtype=dtype)
+    u = words_to_uniform(torch.full((3, 4), -1, dtype=torch.int64), dtype)  # every bit set
     assert u.dtype == dtype and bool((u < 1).all()) and bool((u > 0.99).all())
     with pytest.raises(TypeError, match="dtype"):
         RandomStreams.from_seed(0, 1).uniform((2,), dtype=torch.int64)
+
+
+def test_float32_shortcut_equals_the_full_finalizer():
+    # uniform32_of_mix64 skips mix64's last xorshift, which never reaches a float32's 24 bits.
+    extremes = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), _GOLDEN_FOR_TEST], dtype=torch.int64)
+    words = torch.cat([extremes, torch.randint(-(2**63), 2**63 - 1, (500_000,), generator=torch.Generator().manual_seed(0))])
+    assert torch.equal(uniform32_of_mix64(words), words_to_uniform(mix64(words), torch.float32))
+    streams = RandomStreams.from_seed(5, 3)
+    state = streams.state_dict()
+    fast = streams.uniform((7,))
+    streams.load_state_dict(state)
+    assert torch.equal(fast, words_to_uniform(streams.bits((7,)), torch.float32))
 
 
 def test_float64_path_refines_the_float32_path():
