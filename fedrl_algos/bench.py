@@ -467,6 +467,15 @@ def _add_training_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_training_target)
 
 
+def _add_reference_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_reference import add_reference_target
+
+    add_reference_target(targets)
+
+
+BENCH_TARGETS.append(_add_reference_target)
+
+
 def _add_single_target(targets: argparse._SubParsersAction) -> None:
     from fedrl_algos.bench_single import add_single_target
 
@@ -491,7 +500,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "bench", help="throughput benchmarks against same-process baselines",
         description="Throughput benchmarks, each next to its baseline measured in the same process: "
         "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped), "
-        "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO).",
+        "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO), "
+        "fedrl bench reference (training rounds vs the papers' reference implementations).",
     )
     targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:
