@@ -188,6 +188,7 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     env_id = "fedrl/CartPole-v0"
     reset_noise_dim = 4
     numpy_kernels = True
+    reset_reads_params = False  # every task starts alike and observes its state
     params_cls = CartPoleParams
     defaults = CARTPOLE_DEFAULTS
     level_factors = LEVEL_FACTORS
@@ -214,11 +215,9 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         shared = (force + polemass_length * theta_dot * theta_dot * sin) / total_mass
         theta_acc = (GRAVITY * sin - cos * shared) / (p.length * (4.0 / 3.0 - p.masspole * cos * cos / total_mass))
         x_acc = shared - polemass_length * theta_acc * cos / total_mass
-        # Explicit Euler: positions advance with the old velocities, velocities with the new
-        # accelerations. Component by component, so that a batch's components stay contiguous
-        # arrays (xp.stack keeps them so): every elementwise operation then runs vectorized.
-        next_x, next_theta = x + TAU * x_dot, theta + TAU * theta_dot
-        next_state = xp.stack((next_x, x_dot + TAU * x_acc, next_theta, theta_dot + TAU * theta_acc))
+        # Explicit Euler: positions advance with the old velocities, velocities with the new accelerations.
+        next_state = state + TAU * xp.stack((x_dot, x_acc, theta_dot, theta_acc))
+        next_x, _, next_theta, _ = xp.unbind(next_state)
         terminated = (abs(next_x) > X_THRESHOLD) | (abs(next_theta) > THETA_THRESHOLD)
         # Reward 1 for every step, including the one that terminates.
         return next_state, xp.ones_like(next_x), terminated

@@ -24,7 +24,14 @@ import torch
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from fedrl_envs.rng import _GOLDEN, OneStream, RandomStreams, derive_keys, seed_from_entropy, uniform32_of_mix64
+from fedrl_envs.rng import (
+    _GOLDEN,
+    OneStream,
+    RandomStreams,
+    derive_keys,
+    seed_from_entropy,
+    uniform32_of_finalizer_input,
+)
 
 __all__ = [
     "TaskFamily",
@@ -249,6 +256,18 @@ def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Ten
     return state_t.to(device=template.device, dtype=template.dtype).clone()
 
 
+def components_layout(state: torch.Tensor) -> torch.Tensor:
+    """``state`` ``[N, ..., d]`` laid out as its components kernels compute with (a ``[d, N, ...]`` array).
+
+    What :meth:`fedrl_envs.ops.TorchOps.stack` returns: elementwise operations of such states keep
+    the layout, and :meth:`~fedrl_envs.ops.TorchOps.unbind` gives contiguous components, on which
+    torch's kernels run vectorized. The values are unchanged (a copy unless already so laid out).
+    """
+    if state.dim() < 2:
+        return state
+    return state.movedim(-1, 0).contiguous().movedim(0, -1)
+
+
 def fresh_observation(obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """``obs`` as a C-contiguous tensor of its own (a copy when it shares memory with ``state``).
 
@@ -276,6 +295,11 @@ class TaskFamily(ABC, Generic[P]):
     #: then steps on NumPy scalars (a few microseconds); a family with torch-only kernels leaves it
     #: ``False`` and its single env steps a torch batch of one
     numpy_kernels: ClassVar[bool] = False
+    #: whether :meth:`reset` and :meth:`observe` read their ``params`` argument; a family whose
+    #: start states and observations are the same for every task sets it ``False``, and the
+    #: native vector env's autoreset then passes ``None`` instead of gathering the task
+    #: parameters of the rows that reset (one gather per parameter field and step)
+    reset_reads_params: ClassVar[bool] = True
 
     # --- kernels -------------------------------------------------------------------------------
     @abstractmethod
@@ -647,7 +671,7 @@ class FamilyVectorEnv(VectorEnv):
         noise = self.streams.uniform((self.n_envs, self.family.reset_noise_dim))
         if agents is not None:
             self.streams.counters = torch.where(agents, self.streams.counters, counters)
-        return self.family.reset(self.params, noise.reshape(self.num_envs, -1))
+        return components_layout(self.family.reset(self.params, noise.reshape(self.num_envs, -1)))
 
     def _draw_reset_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Initial states of the flat rows ``rows`` only, with the numbers :meth:`_draw_reset_states` gives them.
@@ -662,14 +686,17 @@ class FamilyVectorEnv(VectorEnv):
         # Word k of row r hashes key + (counter + offset) * golden; modulo 2**64 that is
         # (key + offset * golden) + counter * golden, and the first term is fixed per row.
         words = bases[rows] + (self.streams.counters * _GOLDEN)[agent].unsqueeze(1)
-        noise = uniform32_of_mix64(words)
+        noise = uniform32_of_finalizer_input(words)
         step = torch.zeros_like(self.streams.counters).index_fill_(0, agent, self.n_envs * self.family.reset_noise_dim)
         self.streams.counters = self.streams.counters + step
-        params = index_params(self.params, rows)
+        params = index_params(self.params, rows) if self.family.reset_reads_params else None
         return self.family.reset(params, noise), params
 
     def _reset_word_bases(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's agent ``[num_envs]`` and its reset words' fixed part ``key + offset * golden`` ``[num_envs, d]``.
+        """Each row's agent ``[num_envs]`` and its reset words' fixed part ``[num_envs, d]``.
+
+        The fixed part is the finalizer's input less the counter's share: ``key + offset * golden``
+        plus the finalizer's own first addend (see :func:`fedrl_envs.rng.uniform32_of_finalizer_input`).
 
         Rebuilt whenever the streams' keys change (a new seed, loaded stream state).
         """
@@ -679,7 +706,7 @@ class FamilyVectorEnv(VectorEnv):
             dim = self.family.reset_noise_dim
             row_agent = torch.arange(self.n_agents, device=self.device).repeat_interleave(self.n_envs)
             offsets = torch.arange(self.n_envs * dim, device=self.device).reshape(self.n_envs, dim).repeat(self.n_agents, 1)
-            cached = (keys, keys._version, row_agent, keys.reshape(-1)[row_agent].unsqueeze(1) + offsets * _GOLDEN)
+            cached = (keys, keys._version, row_agent, keys.reshape(-1)[row_agent].unsqueeze(1) + (offsets + 1) * _GOLDEN)
             self._word_bases = cached
         return cached[2], cached[3]
 
@@ -768,7 +795,7 @@ class FamilyVectorEnv(VectorEnv):
         if bool((t_t < 0).any()):
             raise ValueError(f"t must be >= 0, got minimum {int(t_t.min())}")
         self.family.validate_state(state_t, self.params)
-        self._state = state_t
+        self._state = components_layout(state_t)
         self._t = t_t.to(self.device, torch.int64).expand(self.num_envs).clone()
         return self._export_obs(self._observe(self._state))
 

@@ -94,6 +94,7 @@ class PendulumFamily(_DefaultPopulation, TaskFamily[PendulumParams]):
     env_id = "fedrl/Pendulum-v0"
     reset_noise_dim = 2
     numpy_kernels = True
+    reset_reads_params = False  # every task starts alike; observations are (cos θ, sin θ, θ̇)
     params_cls = PendulumParams
     defaults = PENDULUM_DEFAULTS
     level_factors = LEVEL_FACTORS

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "derive_keys", "seed_from_entropy", "words_to_uniform"]
+__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "uniform32_of_finalizer_input", "derive_keys", "seed_from_entropy", "words_to_uniform"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -65,7 +65,12 @@ def uniform32_of_mix64(x: torch.Tensor) -> torch.Tensor:
     A float32 uniform keeps the top 24 bits of its word, and the finalizer's last step,
     ``x ^ (x >>> 31)``, changes only the low 33: so it is skipped.
     """
-    x = x + _GOLDEN
+    return uniform32_of_finalizer_input(x + _GOLDEN)
+
+
+def uniform32_of_finalizer_input(x: torch.Tensor) -> torch.Tensor:
+    """:func:`uniform32_of_mix64` of ``x - golden``: for callers that fold the finalizer's first
+    addend into a precomputed term (the vector env's per-row reset words)."""
     x = (x ^ _shr(x, 30)) * _MUL1
     x = (x ^ _shr(x, 27)) * _MUL2
     return _shr(x, 40).to(torch.float32) * (2.0**-24)

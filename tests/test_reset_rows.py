@@ -60,3 +60,43 @@ def test_rows_only_reset_gives_the_full_draws_trajectories(family):
         assert torch.equal(obs_new, obs_old)
         assert torch.equal(new.state, old.state)
         assert torch.equal(new.streams.counters, old.streams.counters)
+
+
+@pytest.mark.parametrize("family", [CARTPOLE, PENDULUM, ARC_NAVIGATION], ids=lambda f: f.env_id)
+def test_states_keep_contiguous_components_and_observations_are_row_major_copies(family):
+    env = FamilyVectorEnv(family, family.train_tasks[:2], n_envs=6, seed=1)
+    obs, _ = env.reset()
+    for _ in range(12):
+        for component in env.state.unbind(-1):
+            assert component.is_contiguous()  # the layout the kernels run vectorized on
+        assert obs.is_contiguous() and obs.data_ptr() != env.state.data_ptr()
+        obs = env.step(torch.zeros(env.num_envs, dtype=torch.int64) if hasattr(env.single_action_space, "n")
+                       else torch.zeros(env.num_envs, *env.single_action_space.shape))[0]
+    before = env.state.clone()
+    obs.add_(1.0)  # writing into what the env returned never reaches its state
+    assert torch.equal(env.state, before)
+    user_state = before.contiguous()  # a row-major batch from the caller
+    env.set_state(user_state)
+    assert torch.equal(env.state, user_state) and env.state.unbind(-1)[0].is_contiguous()
+
+
+def test_reset_word_bases_follow_new_keys():
+    # The per-row reset words are cached per stream keys: a new seed or loaded streams rebuild them.
+    def trajectory(env, seed=None, streams=None):
+        env.reset(seed=seed)
+        if streams is not None:
+            env.streams.load_state_dict(streams)
+        gen = torch.Generator().manual_seed(4)
+        return torch.stack([env.step(torch.randint(0, 2, (env.num_envs,), generator=gen))[0] for _ in range(60)])
+
+    env = FamilyVectorEnv(CARTPOLE, CARTPOLE.train_tasks[:3], n_envs=4, seed=0)
+    first = trajectory(env, seed=0)
+    other = trajectory(env, seed=1)
+    assert not torch.equal(first, other)
+    assert torch.equal(other, trajectory(FamilyVectorEnv(CARTPOLE, CARTPOLE.train_tasks[:3], n_envs=4, seed=1), seed=1))
+    saved = FamilyVectorEnv(CARTPOLE, CARTPOLE.train_tasks[:3], n_envs=4, seed=0)
+    saved.reset(seed=0)
+    again = trajectory(env, seed=1, streams=saved.streams.state_dict())  # seed 1's env, seed 0's streams
+    fresh = trajectory(FamilyVectorEnv(CARTPOLE, CARTPOLE.train_tasks[:3], n_envs=4, seed=1), seed=1,
+                       streams=saved.streams.state_dict())
+    assert torch.equal(again, fresh)
