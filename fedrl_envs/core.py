@@ -210,6 +210,12 @@ def index_params(params: P, index: Any) -> P:
     return dataclasses.replace(params, **changes)
 
 
+def _gather_params(params: P, rows: torch.Tensor) -> P:
+    """:func:`index_params` for non-negative int64 rows ``[R]`` (``index_select``: half the cost)."""
+    changes = {n: getattr(params, n).index_select(0, rows) for n in _tensor_fields(params)}
+    return dataclasses.replace(params, **changes)
+
+
 def params_to(params: P, device: torch.device | str) -> P:
     """Move every tensor field to ``device``."""
     changes = {n: getattr(params, n).to(device) for n in _tensor_fields(params)}
@@ -682,14 +688,15 @@ class FamilyVectorEnv(VectorEnv):
         are those of drawing the whole batch. Returns the states and the rows' task parameters.
         """
         row_agent, bases = self._reset_word_bases()
-        agent = row_agent[rows]
+        # (index_select: half the cost of advanced indexing for these gathers, the same values)
+        agent = row_agent.index_select(0, rows)
         # Word k of row r hashes key + (counter + offset) * golden; modulo 2**64 that is
         # (key + offset * golden) + counter * golden, and the first term is fixed per row.
-        words = bases[rows] + (self.streams.counters * _GOLDEN)[agent].unsqueeze(1)
+        words = bases.index_select(0, rows) + (self.streams.counters * _GOLDEN).index_select(0, agent).unsqueeze(1)
         noise = uniform32_of_finalizer_input(words)
         step = torch.zeros_like(self.streams.counters).index_fill_(0, agent, self.n_envs * self.family.reset_noise_dim)
         self.streams.counters = self.streams.counters + step
-        params = index_params(self.params, rows) if self.family.reset_reads_params else None
+        params = _gather_params(self.params, rows) if self.family.reset_reads_params else None
         return self.family.reset(params, noise), params
 
     def _reset_word_bases(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -880,8 +887,8 @@ class FamilyVectorEnv(VectorEnv):
                     fresh, fresh_params = self._draw_reset_rows(rows)
                     if next_state.data_ptr() == self._state.data_ptr():
                         next_state = next_state.clone()
-                    next_state.index_put_((rows,), fresh)
-                    obs = obs.index_put((rows,), self.family.observe(fresh, fresh_params).to(obs.dtype))
+                    next_state.index_copy_(0, rows, fresh.to(next_state.dtype))
+                    obs = obs.index_copy(0, rows, self.family.observe(fresh, fresh_params).to(obs.dtype))
         self._state = next_state
         self._t = t
         return obs, reward, terminated, truncated, info
