@@ -351,7 +351,14 @@ class TaskFamily(ABC, Generic[P]):
 
     def validate_action(self, action: torch.Tensor, params: P) -> None:
         """Raise ``ValueError`` unless ``action`` is a valid batch of actions."""
-        space = self.action_space(params)
+        # The space is built once per parameter object and kept on it (building a Gymnasium space
+        # costs more than checking a batch of a thousand actions).
+        cache = getattr(params, "__dict__", None)
+        space = None if cache is None else cache.get("_validation_action_space")
+        if space is None:
+            space = self.action_space(params)
+            if cache is not None:
+                cache["_validation_action_space"] = space
         if isinstance(space, gym.spaces.Discrete):
             if action.is_floating_point() or action.is_complex() or action.dtype == torch.bool:
                 raise TypeError(f"action must be an integer tensor, got dtype {action.dtype}")
