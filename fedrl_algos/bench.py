@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int, set_threads, write_json
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
 
 __all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
 
@@ -413,7 +413,7 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
         sync_max_envs=args.sync_max_envs,
         seed=args.seed,
     )
-    write_json(args.json, records)
+    finish_bench(args.json, records)
     return 0
 
 
@@ -485,13 +485,23 @@ def _add_flower_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_flower_target)
 
 
+def _add_memory_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_memory import add_memory_target
+
+    add_memory_target(targets)
+
+
+BENCH_TARGETS.append(_add_memory_target)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
     bench = subparsers.add_parser(
         "bench", help="throughput benchmarks against same-process baselines",
         description="Throughput benchmarks, each next to its baseline measured in the same process: "
         "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped), "
-        "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO).",
+        "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO), "
+        "fedrl bench memory (peak RSS of rollouts at growing envs x steps). Every target prints its peak RSS.",
     )
     targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:
