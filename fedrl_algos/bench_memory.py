@@ -237,9 +237,11 @@ def print_memory_table(records: Sequence[MemoryRecord]) -> None:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
     for path in dict.fromkeys(r.path for r in records):
         rows = sorted((r for r in records if r.path == path), key=lambda r: r.env_steps)
-        if len(rows) > 1 and rows[0].bytes_per_env_step > 0:
+        if len(rows) > 1:
+            small, large = rows[0].bytes_per_env_step, rows[-1].bytes_per_env_step
+            ratio = f"{large / small:.2f}" if small > 0 else "- (no growth measurable at the smallest size)"
             print(f"{path}: bytes/env-step at {rows[-1].env_steps} env-steps over that at {rows[0].env_steps}: "
-                  f"{rows[-1].bytes_per_env_step / rows[0].bytes_per_env_step:.2f} (1 = linear, above 1 = faster than linear)")
+                  f"{ratio} (1 = linear, above 1 = faster than linear)")
     print(f"{records[0].env_id if records else '-'}; one fresh process per size; growth = ru_maxrss after the rollout "
           "minus before it; held = the returned tensors; method: fedrl_algos/bench_memory.py")
 
