@@ -95,7 +95,7 @@ def _vecenv_runner(env_id: str, n_agents: int, n_envs: int, device: str, seed: i
     import gymnasium as gym
 
     import fedrl_envs
-    from fedrl_algos.bench import _mlp_policy, _tabular_policy
+    from fedrl_algos._bench_policies import _mlp_policy, _tabular_policy
     from fedrl_wrappers import FederatedVecEnv
 
     n_tasks = len(fedrl_envs.get_family(env_id).train_tasks)
