@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import resource
+import sys
+from typing import Any, NamedTuple
 
 
 def _int_at_least(text: str, low: int) -> int:
@@ -63,3 +65,68 @@ def positive_float(text: str) -> float:
     if not (value > 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+class PeakRSS(NamedTuple):
+    """Peak resident set sizes (``getrusage``'s ``ru_maxrss``), in bytes.
+
+    :param self_bytes: this process's peak so far
+    :param children_bytes: the largest peak of the child processes waited for so far (0 when
+        none; processes that are not waited for, such as daemons a library leaves running, are
+        not in it)
+    """
+
+    self_bytes: int
+    children_bytes: int
+
+
+def peak_rss() -> PeakRSS:
+    """This process's and its waited-for children's peak resident set size (see :class:`PeakRSS`)."""
+    # ru_maxrss is in KiB on Linux and in bytes on macOS.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return PeakRSS(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale,
+    )
+
+
+def peak_rss_fields(peak: PeakRSS) -> dict[str, float]:
+    """The JSON fields every benchmark record carries: ``peak_rss_mb`` and ``children_peak_rss_mb`` (MiB)."""
+    return {"peak_rss_mb": peak.self_bytes / 2**20, "children_peak_rss_mb": peak.children_bytes / 2**20}
+
+
+def peak_rss_footer(peak: PeakRSS) -> str:
+    """The footer line a benchmark prints under its table."""
+    children = f"{peak.children_bytes / 2**20:.0f} MiB" if peak.children_bytes else "none"
+    return f"peak RSS (ru_maxrss): this process {peak.self_bytes / 2**20:.0f} MiB; largest child process {children}"
+
+
+def with_peak_rss(records: Any, peak: PeakRSS) -> Any:
+    """``records`` (one record or a list; dataclasses or dicts) as dicts with :func:`peak_rss_fields` added."""
+    import dataclasses
+
+    if isinstance(records, list | tuple):
+        return [with_peak_rss(r, peak) for r in records]
+    if dataclasses.is_dataclass(records) and not isinstance(records, type):
+        records = dataclasses.asdict(records)
+    if not isinstance(records, dict):
+        raise TypeError(f"records must be dataclasses or dicts, got {type(records).__name__}")
+    return {**records, **peak_rss_fields(peak)}
+
+
+def finish_bench(path: str | None, records: Any, groups: bool = False) -> PeakRSS:
+    """End a ``fedrl bench`` run: print the peak-RSS footer and write ``--json`` with the fields added.
+
+    :param path: the ``--json`` path (``None``: print only)
+    :param records: the run's records (see :func:`with_peak_rss`)
+    :param groups: ``records`` is a dict of name -> records (each tagged; ``None`` values kept)
+    :return: the peak RSS reported
+    """
+    peak = peak_rss()
+    print(peak_rss_footer(peak))
+    if groups:
+        payload = {k: None if v is None else with_peak_rss(v, peak) for k, v in records.items()}
+    else:
+        payload = with_peak_rss(records, peak)
+    write_json(path, payload)
+    return peak

@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int, set_threads, write_json
+from fedrl_algos._bench_policies import _mlp_policy, _tabular_policy
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
 
 __all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
 
@@ -193,55 +194,6 @@ def _pre_drawn_actions(n_agents: int, n_envs: int, n_actions: int, device: Any, 
     u = streams.uniform((_ACTION_BLOCK, n_envs))  # [agent, block, env]
     actions = torch.clamp((u * n_actions).long(), max=n_actions - 1)
     return actions.transpose(0, 1).reshape(_ACTION_BLOCK, n_agents * n_envs).contiguous()
-
-
-# --- policies in the loop ------------------------------------------------------------------------
-def _inverse_cdf(cdf: Any, u: Any) -> Any:
-    return (cdf <= u.unsqueeze(-1)).sum(-1).clamp_(max=cdf.shape[-1] - 1)
-
-
-def _tabular_policy(venv: Any, seed: int) -> Callable[[Any], Any]:
-    """Per-agent softmax over a logits table ``[n_agents, S, A]``, gathered by observation."""
-    import torch
-
-    from fedrl_envs import RandomStreams, derive_keys
-
-    n_states, n_actions = int(venv.single_observation_space.n), int(venv.single_action_space.n)
-    init = RandomStreams(derive_keys(seed, torch.arange(venv.n_agents)), venv.device)
-    logits = init.normal((n_states, n_actions))
-    # The policy is fixed during a rollout: its CDF table [n_agents * S, A] is computed once.
-    cdf = torch.softmax(logits, dim=-1).cumsum(-1).reshape(venv.n_agents * n_states, n_actions)
-    row_offset = (torch.arange(venv.n_agents, device=venv.device) * n_states).unsqueeze(1)
-    streams = RandomStreams(derive_keys(seed + 1, torch.arange(venv.n_agents)), venv.device)
-
-    def policy(obs: Any) -> Any:  # obs [n_agents, n_envs]
-        rows = torch.index_select(cdf, 0, (obs + row_offset).reshape(-1)).reshape(*obs.shape, n_actions)
-        return _inverse_cdf(rows, streams.uniform((venv.n_envs,)))
-
-    return policy
-
-
-def _mlp_policy(venv: Any, seed: int, hidden: int = 32) -> Callable[[Any], Any]:
-    """Per-agent MLP obs → hidden tanh → action logits (2 → 32 → 8: 360 parameters per agent)."""
-    import torch
-
-    from fedrl_envs import RandomStreams, derive_keys
-
-    obs_dim, n_actions = int(venv.single_observation_space.shape[0]), int(venv.single_action_space.n)
-    init = RandomStreams(derive_keys(seed, torch.arange(venv.n_agents)), venv.device)
-    w1 = init.normal((obs_dim, hidden)) / obs_dim**0.5
-    b1 = torch.zeros(venv.n_agents, 1, hidden, device=venv.device)
-    w2 = init.normal((hidden, n_actions)) / hidden**0.5
-    b2 = torch.zeros(venv.n_agents, 1, n_actions, device=venv.device)
-    streams = RandomStreams(derive_keys(seed + 1, torch.arange(venv.n_agents)), venv.device)
-
-    def policy(obs: Any) -> Any:  # obs [n_agents, n_envs, obs_dim]
-        h = torch.tanh(torch.baddbmm(b1, obs, w1))
-        logits = torch.baddbmm(b2, h, w2)
-        cdf = torch.softmax(logits, dim=-1).cumsum(-1)
-        return _inverse_cdf(cdf, streams.uniform((venv.n_envs,)))
-
-    return policy
 
 
 # --- the benchmark -------------------------------------------------------------------------------
@@ -413,7 +365,7 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
         sync_max_envs=args.sync_max_envs,
         seed=args.seed,
     )
-    write_json(args.json, records)
+    finish_bench(args.json, records)
     return 0
 
 
@@ -494,6 +446,15 @@ def _add_flower_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_flower_target)
 
 
+def _add_memory_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_memory import add_memory_target
+
+    add_memory_target(targets)
+
+
+BENCH_TARGETS.append(_add_memory_target)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
     bench = subparsers.add_parser(
@@ -501,7 +462,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Throughput benchmarks, each next to its baseline measured in the same process: "
         "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped), "
         "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO), "
-        "fedrl bench reference (training rounds vs the papers' reference implementations).",
+        "fedrl bench reference (training rounds vs the papers' reference implementations), "
+        "fedrl bench memory (peak RSS of rollouts at growing envs x steps). Every target prints its peak RSS.",
     )
     targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:

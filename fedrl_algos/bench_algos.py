@@ -7,13 +7,14 @@ at a time, the way a per-agent implementation would.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos._cli_args import finish_bench, positive_int
 from fedrl_algos.core import KernelSampler, aggregate, local_update
 from fedrl_algos.core.federation import Federation, run_keys
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient
@@ -121,6 +122,7 @@ def _cmd_bench_algos(args: Any) -> int:
     print(f"torch threads: {torch.get_num_threads()}, dtype: {dtype}")
     results = bench_algos(runs=args.runs, tau=args.tau, repeats=args.repeats, dtype=dtype, quick=args.quick)
     print(format_algo_results(results))
+    finish_bench(args.json, [dataclasses.asdict(r) | {"speedup": r.speedup} for r in results])
     return 0
 
 
@@ -139,4 +141,5 @@ def add_algos_target(targets: Any) -> None:
     p.add_argument("--float64", action="store_true", help="float64 parameters (default float32)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd_bench_algos)

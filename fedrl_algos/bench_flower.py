@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fedrl_algos._cli_args import positive_int, set_threads, write_json
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
 
 __all__ = ["bench_flower", "add_flower_target"]
 
@@ -86,7 +86,7 @@ def bench_flower(agents: tuple[int, ...] = (8, 64), rounds: int = 5, local_steps
 def _cmd(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     records = bench_flower(tuple(args.agents), args.rounds, args.local_steps, args.seed)
-    write_json(args.json, records)
+    finish_bench(args.json, records)
     return 0 if all(r["bitwise_equal"] for r in records) else 1
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int, set_threads, write_json
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
 
 __all__ = ["ReferenceConfig", "ReferenceBenchRecord", "CONFIGS", "bench_reference", "fedrl_rate", "reference_rate", "reference_code_dir", "add_reference_target"]
 
@@ -279,7 +279,7 @@ def _cmd(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"fedrl bench reference: error: {err}", file=sys.stderr)
         return 2
-    write_json(args.json, [dataclasses.asdict(r) | {"speedup": r.speedup} for r in records])
+    finish_bench(args.json, [dataclasses.asdict(r) | {"speedup": r.speedup} for r in records])
     return 0
 
 

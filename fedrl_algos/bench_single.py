@@ -35,7 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fedrl_algos._cli_args import non_negative_int, positive_int, write_json
+from fedrl_algos._cli_args import finish_bench, non_negative_int, positive_int
 from fedrl_algos.common.learn import make_logger
 from fedrl_envs.core import check_int
 
@@ -302,7 +302,7 @@ def _cmd_bench_single(args: argparse.Namespace) -> int:
         quick=args.quick,
         seed=args.seed,
     )
-    write_json(args.json, {"steps": records, "ppo": ppo})
+    finish_bench(args.json, {"steps": records, "ppo": ppo}, groups=True)
     return 0
 
 

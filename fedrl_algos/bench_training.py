@@ -2,25 +2,36 @@
 
 For each configuration (the paper settings' defaults of MFPO and FedPG-BR on ``fedrl/CartPole-v0``
 and Per-FedAvg-PG on ``fedrl/ArcNavigation-v0``) it times ``learn`` over whole rounds, after one
-warm-up round, and divides the env steps the rounds consumed (``num_timesteps``, exact trajectory
-accounting) by the wall time: everything a round does — policy forwards in the rollout, sampling,
-the estimators, aggregation — is in that figure. Next to it, the bare native vector env of the same
-agents at the batch the algorithm samples at (its trajectories per agent per sampling call) steps
-with random actions drawn before the clock starts. The fraction is training / bare: 1.0 would mean
-the learner costs nothing beyond stepping its envs.
+warm-up round, ``repeats`` times, and reports the median. Everything a round does (policy forwards
+in the rollout, sampling, the estimators, aggregation) is in that figure.
+
+**Env steps** are the steps taken inside episodes: every trajectory the algorithm's samplers return
+(the agents' and, for FedPG-BR, the server's) counts its steps up to and including the one that
+terminated it, or all ``H + 1`` when it ran to the horizon (the sum of its ``mask``). The
+samplers are wrapped for the timed rounds to add these up (:class:`CountingSampler`). The model's
+own ``num_timesteps`` is reported next to them as **budget steps**: it charges the full horizon to
+every trajectory (``trajectories × (H + 1)``), so on CartPole, whose episodes under a fresh policy
+end after about 20 of 500 steps, it is about 25 times the steps that ran.
+
+Next to it, the bare native vector env of the same agents at the batch the algorithm samples at
+(its trajectories per agent per sampling call) steps with random actions drawn before the clock
+starts, with autoreset: every one of its steps is a step inside an episode, counted the same way.
+The fraction is training / bare: 1.0 would mean the learner costs nothing beyond stepping its envs.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int, set_threads, write_json
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos.core.sampling import Sampler
 
-__all__ = ["TrainingBenchRecord", "bench_training", "add_training_target", "CONFIGS"]
+__all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "CONFIGS"]
 
 #: name -> (algorithm class name, policy, env id)
 CONFIGS: dict[str, tuple[str, str, str]] = {
@@ -32,13 +43,22 @@ CONFIGS: dict[str, tuple[str, str, str]] = {
 
 @dataclasses.dataclass
 class TrainingBenchRecord:
-    """One row of ``fedrl bench training``."""
+    """One row of ``fedrl bench training`` (medians over the repeats)."""
 
     config: str
     n_agents: int
     envs_per_agent: int
     rounds: int
+    repeats: int
+    #: steps inside episodes of one timed block of ``rounds`` rounds (median over the repeats)
     env_steps: int
+    #: ``num_timesteps`` of the same block: trajectories × (H + 1)
+    budget_steps: int
+    #: the model's own count of steps inside episodes of the trajectories it used, where it keeps
+    #: one (MFPO, FedPG-BR: ``env_steps_per_agent · n + server_env_steps``; FedPG-BR's agents use
+    #: B_t of the B_max trajectories they sample); ``None`` otherwise
+    algorithm_env_steps: int | None
+    seconds: float
     training_steps_per_s: float
     bare_env_steps_per_s: float
 
@@ -47,10 +67,64 @@ class TrainingBenchRecord:
         """Training env steps/s over the bare env's at the same batch."""
         return self.training_steps_per_s / self.bare_env_steps_per_s
 
+    @property
+    def budget_over_env_steps(self) -> float:
+        """How many times ``num_timesteps`` overstates the steps inside episodes."""
+        return self.budget_steps / self.env_steps
+
+
+class CountingSampler(Sampler):
+    """A sampler that adds up the steps inside episodes of every trajectory batch it returns.
+
+    It delegates to ``inner`` (reading any other attribute from it), and the samplers made by
+    :meth:`with_policy` (FedPG-BR's agents act through one) share its count.
+
+    :param inner: the sampler to count
+    :param count: the running count to share (default: a new one)
+    """
+
+    def __init__(self, inner: Any, count: list[Any] | None = None) -> None:
+        self.inner = inner
+        self._count = [0] if count is None else count
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (e.g. while unpickling): no recursion through __getattr__
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def steps(self) -> int:
+        """Steps inside episodes of every batch returned so far."""
+        return int(self._count[0])
+
+    def __call__(self, theta: Any, n_trajectories: int) -> Any:
+        import torch
+
+        traj = self.inner(theta, n_trajectories)
+        # Kept as a tensor (no device synchronization per call); float64 so the sum stays exact.
+        self._count[0] = self._count[0] + traj.mask.sum(dtype=torch.float64)
+        return traj
+
+    def with_policy(self, policy: Any) -> CountingSampler:
+        return CountingSampler(self.inner.with_policy(policy), self._count)
+
+
+def _count_steps(model: Any) -> list[CountingSampler]:
+    """Wrap the model's samplers that training draws from (the agents'; FedPG-BR's server's)."""
+    counters = [CountingSampler(model.federation.sampler)]
+    model.federation.sampler = counters[0]
+    if getattr(model, "server_sampler", None) is not None:
+        counters.append(CountingSampler(model.server_sampler, counters[0]._count))
+        model.server_sampler = counters[1]
+    return counters
+
 
 def _sampling_batch(model: Any) -> int:
-    """Trajectories per agent the model samples in one call (its inner batch)."""
-    for name in ("n_trajectories", "m_in", "inner_batch_size"):
+    """Trajectories per agent the model's agents sample in one call."""
+    batch_range = getattr(model, "batch_range", None)
+    if batch_range is not None:  # FedPG-BR: every agent samples B_max and uses B_t of them
+        return int(batch_range[1])
+    for name in ("n_trajectories", "m_in"):
         value = getattr(model, name, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -58,6 +132,7 @@ def _sampling_batch(model: Any) -> int:
 
 
 def _bare_rate(model: Any, envs_per_agent: int, min_time: float, seed: int) -> float:
+    """Env steps/s of the native vector env of the model's agents (autoreset, random actions)."""
     import torch
 
     from fedrl_envs.core import FamilyVectorEnv
@@ -82,9 +157,30 @@ def _bare_rate(model: Any, envs_per_agent: int, min_time: float, seed: int) -> f
     return rate
 
 
+def _model_env_steps(model: Any) -> float | None:
+    """The model's own count of steps inside used episodes so far (``None`` when it keeps none)."""
+    per_agent = getattr(model, "env_steps_per_agent", None)
+    if per_agent is None:
+        return None
+    return per_agent * model.n_agents + getattr(model, "server_env_steps", 0.0)
+
+
+def _time_rounds(model: Any, rounds: int, counter: CountingSampler) -> tuple[float, int, int, int | None]:
+    """Seconds, steps inside episodes, budget steps and the model's own count of ``rounds`` rounds."""
+    steps0, budget0, own0 = counter.steps, model.num_timesteps, _model_env_steps(model)
+    start = time.perf_counter()
+    model.learn(total_rounds=rounds, reset_num_timesteps=False)
+    steps = counter.steps  # also the synchronization point on an accelerator
+    elapsed = time.perf_counter() - start
+    own1 = _model_env_steps(model)
+    own = None if own0 is None or own1 is None else round(own1 - own0)
+    return elapsed, steps - steps0, int(model.num_timesteps - budget0), own
+
+
 def bench_training(
     configs: Sequence[str] = tuple(CONFIGS),
     rounds: int = 2,
+    repeats: int = 3,
     device: str = "cpu",
     min_time: float = 1.0,
     seed: int = 0,
@@ -93,9 +189,11 @@ def bench_training(
     """Time whole training rounds of each configuration and the bare env at the same batch.
 
     :param configs: names from :data:`CONFIGS`
-    :param rounds: timed rounds (after one warm-up round)
+    :param rounds: rounds per timed block (after one warm-up round)
+    :param repeats: timed blocks (training continues from one to the next) and bare-env timings;
+        the medians are reported
     :param device: torch device
-    :param min_time: seconds of the bare-env timing
+    :param min_time: seconds of each bare-env timing
     :param seed: seed of the models and envs
     :param show: print the table
     """
@@ -106,25 +204,31 @@ def bench_training(
         if name not in CONFIGS:
             raise ValueError(f"configs must be among {list(CONFIGS)}, got {name!r}")
     rounds = check_int("rounds", rounds, 1)
+    repeats = check_int("repeats", repeats, 1)
     records = []
     for name in configs:
         cls_name, policy, env_id = CONFIGS[name]
         model = getattr(fedrl_algos, cls_name)(policy, env_id, seed=seed, device=device)
         model.learn(total_rounds=1)
-        before, start = model.num_timesteps, time.perf_counter()
-        model.learn(total_rounds=rounds, reset_num_timesteps=False)
-        elapsed = time.perf_counter() - start
-        steps = model.num_timesteps - before
+        counter = _count_steps(model)[0]
+        blocks = [_time_rounds(model, rounds, counter) for _ in range(repeats)]
         batch = _sampling_batch(model)
+        bare = [_bare_rate(model, batch, min_time, seed) for _ in range(repeats)]
+        # The median block by rate, and its own step counts (not medians taken field by field).
+        elapsed, steps, budget, own = sorted(blocks, key=lambda b: b[1] / b[0])[(repeats - 1) // 2]
         records.append(
             TrainingBenchRecord(
                 config=name,
                 n_agents=model.n_agents,
                 envs_per_agent=batch,
                 rounds=rounds,
-                env_steps=int(steps),
+                repeats=repeats,
+                env_steps=steps,
+                budget_steps=budget,
+                algorithm_env_steps=own,
+                seconds=elapsed,
                 training_steps_per_s=steps / elapsed,
-                bare_env_steps_per_s=_bare_rate(model, batch, min_time, seed),
+                bare_env_steps_per_s=statistics.median(bare),
             )
         )
     if show:
@@ -136,24 +240,27 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
     """Print the records with the training / bare-env fraction."""
     import torch
 
-    header = ["config", "agents x envs", "rounds", "env steps", "training/s", "bare env/s", "fraction"]
+    header = ["config", "agents x envs", "rounds", "budget steps", "env steps", "training/s", "bare env/s", "fraction"]
     lines = [header] + [
-        [r.config, f"{r.n_agents} x {r.envs_per_agent}", str(r.rounds), str(r.env_steps),
-         f"{r.training_steps_per_s:.3g}", f"{r.bare_env_steps_per_s:.3g}", f"{r.fraction:.2f}"]
+        [r.config, f"{r.n_agents} x {r.envs_per_agent}", str(r.rounds), str(r.budget_steps), str(r.env_steps),
+         f"{r.training_steps_per_s:.3g}", f"{r.bare_env_steps_per_s:.3g}", f"{r.fraction:.3f}"]
         for r in records
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
-    print(f"env steps per second of whole learn() rounds vs the bare native vector env at the same batch; "
+    repeats = records[0].repeats if records else 0
+    print(f"env steps = steps inside episodes (the trajectories' masks), budget steps = num_timesteps (trajectories x (H+1)); "
+          f"median of {repeats} timings of whole learn() rounds vs the bare native vector env (autoreset) at the same batch; "
           f"{torch.get_num_threads()} torch threads; method: fedrl_algos/bench_training.py")
 
 
 def _cmd(args: argparse.Namespace) -> int:
     set_threads(args.threads)
-    records = bench_training(configs=args.configs, rounds=1 if args.quick else args.rounds, device=args.device,
-                             min_time=0.05 if args.quick else 1.0, seed=args.seed)
-    write_json(args.json, [dataclasses.asdict(r) | {"fraction": r.fraction} for r in records])
+    records = bench_training(configs=args.configs, rounds=1 if args.quick else args.rounds, repeats=1 if args.quick else args.repeats,
+                             device=args.device, min_time=0.05 if args.quick else 1.0, seed=args.seed)
+    finish_bench(args.json, [dataclasses.asdict(r) | {"fraction": r.fraction, "budget_over_env_steps": r.budget_over_env_steps}
+                             for r in records])
     return 0
 
 
@@ -166,10 +273,11 @@ def add_training_target(targets: argparse._SubParsersAction) -> None:
         "whole learn() rounds, next to the bare native vector env of the same agents at the same batch.",
     )
     p.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="configurations to time")
-    p.add_argument("--rounds", type=positive_int, default=2, help="timed rounds after one warm-up round (default 2)")
+    p.add_argument("--rounds", type=positive_int, default=2, help="rounds per timed block, after one warm-up round (default 2)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed blocks and bare-env timings; medians shown (default 3)")
     p.add_argument("--device", default="cpu", help="torch device")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: one timed round, tiny env timing")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one timed round once, tiny env timing")
     p.add_argument("--seed", type=int, default=0, help="seed of the models and envs")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd)

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int, set_threads, write_json
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
 
 __all__ = ["VectorBenchRecord", "bench_vector", "add_vector_target", "BASELINES"]
 
@@ -268,7 +268,7 @@ def _cmd(args: argparse.Namespace) -> int:
         min_time=0.05 if args.quick else args.min_time,
         seed=args.seed,
     )
-    write_json(args.json, records)
+    finish_bench(args.json, records)
     return 0
 
 

@@ -19,3 +19,16 @@ def test_bench_flower_reports_same_theta_and_the_payload_bytes():
     assert record["bytes_per_round"] == n * per_agent
     assert record["paper_bytes_per_round"] == 2 * d * n * 4
     assert record["in_process_rounds_per_s"] > 0 and record["flower_rounds_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_cli_bench_flower_records_its_peak_rss(tmp_path, capsys):
+    import json
+
+    from fedrl_algos.cli import main
+
+    path = tmp_path / "flower.json"
+    assert main(["bench", "flower", "--agents", "2", "--rounds", "1", "--json", str(path)]) == 0
+    assert "peak RSS (ru_maxrss): this process" in capsys.readouterr().out
+    (record,) = json.loads(path.read_text())
+    assert record["peak_rss_mb"] > 0 and record["children_peak_rss_mb"] >= 0

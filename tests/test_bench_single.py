@@ -63,6 +63,7 @@ def test_cli_bench_single_quick_without_ppo(capsys, tmp_path):
     assert "CartPole-v1" in out and "Pendulum-v1" in out and "plain NumPy" in out and "ratio" in out
     data = json.loads(out_json.read_text())
     assert len(data["steps"]) == 4 and data["ppo"] is None
+    assert all(r["peak_rss_mb"] > 0 for r in data["steps"]) and "peak RSS" in out
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"n_steps": 0}, "n_steps"), ({"ppo_timesteps": -1}, "ppo_timesteps")])

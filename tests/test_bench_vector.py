@@ -43,3 +43,4 @@ def test_command_line_prints_the_table_and_writes_json(tmp_path):
     assert "vs gymnasium" in out and "CartPole-v0" in out
     (record,) = json.loads(path.read_text())
     assert record["n_envs"] == 20 and record["baseline_steps_per_s"]["gymnasium"] > 0
+    assert record["peak_rss_mb"] > 0 and "peak RSS" in out
