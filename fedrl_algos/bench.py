@@ -9,10 +9,18 @@ How the numbers are made (also printed under the table):
 * **native steps/s**: environment steps per second of :class:`fedrl_wrappers.FederatedVecEnv` with
   ``n_agents × n_envs`` environments, autoreset on, action checks on, stepping with random actions
   drawn before the clock starts (a block of 16 steps' worth, cycled);
+* **NumPy vector steps/s**: the strongest baseline, the same MDPs hand-vectorized in NumPy the way
+  Gymnasium's ``CartPoleVectorEnv`` is written (:mod:`fedrl_algos.bench_numpy_vector`: a
+  next-cell table for the gridworld, in-place updates, per-agent goals, ``SAME_STEP`` autoreset
+  drawing starts for the ended rows only), at the same ``n_agents × n_envs`` and on the same
+  random actions (as NumPy arrays); Gymnasium, gymnax and EnvPool have no version of these families;
 * **SyncVectorEnv steps/s**: ``gymnasium.vector.SyncVectorEnv`` over ``gym.make`` single envs of
   the same tasks, same random actions. It is timed at ``n_agents × min(n_envs, sync_max_envs)``
   envs only (its cost is linear in the number of envs, so its steps/s hardly depends on the size);
   larger sizes are compared with the largest size timed, which the table marks;
+* the three step rates are timed alike (:func:`fedrl_algos.bench_vector._rate`): steps in blocks of
+  about 20 ms for ``min_time`` seconds, the fastest block kept, so that on cores shared with other
+  processes the figure is the least disturbed one rather than a measure of the scheduler;
 * **peak MB**: growth of the process's peak resident memory while the env is built, reset and
   stepped 2 episodes plus the timing: on Linux, freed heap is first returned to the OS
   (``malloc_trim``) and ``VmHWM`` is reset through ``/proc/self/clear_refs``, then ``VmHWM`` minus
@@ -38,6 +46,7 @@ from typing import Any
 
 from fedrl_algos._bench_policies import _mlp_policy, _tabular_policy
 from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos.bench_vector import _rate
 
 __all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
 
@@ -60,6 +69,10 @@ class EnvBenchRecord:
     sync_n_envs: int | None
     #: native / sync
     ratio: float | None
+    #: steps per second of the hand-vectorized NumPy env (:mod:`fedrl_algos.bench_numpy_vector`), same envs
+    numpy_vector_steps_per_s: float
+    #: native / numpy_vector
+    numpy_vector_ratio: float
     #: peak memory growth while building, resetting and stepping the env (see module docstring)
     peak_mb: float | None
     #: bytes of the tensors the env holds between steps
@@ -213,11 +226,19 @@ def _bench_sync(env_id: str, tasks: list[Any], n_envs: int, min_time: float, see
         venv.reset(seed=seed)
         rng = np.random.default_rng(seed)
         actions = rng.integers(0, venv.single_action_space.n, size=(_ACTION_BLOCK, venv.num_envs))
-        venv.step(actions[0])  # warm-up
-        calls, elapsed = _timed(lambda k: venv.step(actions[k % _ACTION_BLOCK]), min_time, "cpu")
-        return calls * venv.num_envs / elapsed
+        return _rate(lambda k: venv.step(actions[k % _ACTION_BLOCK]), venv.num_envs, min_time)
     finally:
         venv.close()
+
+
+def _bench_numpy_vector(env_id: str, tasks: list[Any], actions: Any, min_time: float, seed: int) -> float:
+    """Steps/s of the NumPy vector env of ``tasks`` (``len(tasks)`` agents) on the pre-drawn ``actions``."""
+    from fedrl_algos.bench_numpy_vector import numpy_vector_env
+
+    block = actions.cpu().numpy()
+    venv = numpy_vector_env(env_id, tasks, block.shape[1] // len(tasks))
+    venv.reset(seed=seed)
+    return _rate(lambda k: venv.step(block[k % _ACTION_BLOCK]), venv.num_envs, min_time)
 
 
 def bench_envs(
@@ -231,7 +252,7 @@ def bench_envs(
     seed: int = 0,
     show: bool = True,
 ) -> list[EnvBenchRecord]:
-    """Measure the federated env against SyncVectorEnv; return one record per family and size.
+    """Measure the federated env against the NumPy vector env and SyncVectorEnv; one record per family and size.
 
     :param sizes: environments per agent
     :param n_agents: agents; task ``k % n_train_tasks`` for agent ``k``
@@ -239,7 +260,7 @@ def bench_envs(
     :param env_ids: fedrl family ids to measure
     :param quick: short timings and a small SyncVectorEnv (a smoke run, not a measurement)
     :param sync_max_envs: largest envs per agent at which SyncVectorEnv is timed (default 1024, 8 if quick)
-    :param min_time: seconds per timing (default 1.0, 0.05 if quick)
+    :param min_time: seconds per timing (default 1.0, 0.05 if quick); step rates keep the fastest ~20 ms block
     :param seed: seed of the envs, the random actions and the policies
     :param show: print the table
     """
@@ -269,11 +290,13 @@ def bench_envs(
                 venv.reset()
                 for k in range(2 * (venv.horizon + 1)):  # warm-up through two autoresets
                     venv.step(actions[k % _ACTION_BLOCK])
-                calls, elapsed = _timed(lambda k, v=venv, a=actions: v.step(a[k % _ACTION_BLOCK]), min_time, device)
-            native_rate = calls * venv.num_envs / elapsed
+                sync = None if torch.device(device).type != "cuda" else (lambda _: torch.cuda.synchronize(device))
+                native_rate = _rate(lambda k, v=venv, a=actions: v.step(a[k % _ACTION_BLOCK]), venv.num_envs, min_time, sync)
             env_bytes = _tensor_bytes(venv)
             venv.close()
-            del venv, actions
+            del venv
+            numpy_rate = _bench_numpy_vector(env_id, [family.train_tasks[k] for k in agents], actions, min_time, seed)
+            del actions
 
             rollout_env = FederatedVecEnv(env_id, n_envs, agents=agents, device=device, seed=seed, autoreset=False)
             is_tabular = isinstance(rollout_env.single_observation_space, gym.spaces.Discrete)
@@ -293,6 +316,8 @@ def bench_envs(
                     sync_steps_per_s=sync_rate,
                     sync_n_envs=sync_at,
                     ratio=None if not sync_rate else native_rate / sync_rate,
+                    numpy_vector_steps_per_s=numpy_rate,
+                    numpy_vector_ratio=native_rate / numpy_rate,
                     peak_mb=memory.bytes / 2**20,
                     env_mb=env_bytes / 2**20,
                     rollout_steps_per_s=calls * steps / elapsed,
@@ -313,12 +338,17 @@ def print_env_table(records: Sequence[EnvBenchRecord]) -> None:
     """Print records as a table (rich when installed, plain text otherwise)."""
     import torch
 
-    header = ["env", "agents x envs", "native/s", "Sync/s", "Sync size", "ratio", "peak MB", "env MB", "rollout/s", "policy"]
+    header = [
+        "env", "agents x envs", "native/s", "NumPy vec/s", "vs NumPy vec", "Sync/s", "Sync size", "vs Sync",
+        "peak MB", "env MB", "rollout/s", "policy",
+    ]
     rows = [
         [
             r.env_id.split("/")[-1].removesuffix("-v0"),
             f"{r.n_agents} x {r.n_envs}",
             f"{r.native_steps_per_s:.3g}",
+            f"{r.numpy_vector_steps_per_s:.3g}",
+            f"{r.numpy_vector_ratio:.2f}x",
             _fmt(r.sync_steps_per_s, ".3g"),
             "-" if r.sync_n_envs is None else f"{r.n_agents} x {r.sync_n_envs}",
             "-" if r.ratio is None else f"{r.ratio:.0f}x",
@@ -330,7 +360,8 @@ def print_env_table(records: Sequence[EnvBenchRecord]) -> None:
         for r in records
     ]
     note = (
-        f"env steps per second; device {records[0].device if records else '-'}, {torch.get_num_threads()} torch threads; "
+        f"env steps per second (fastest ~20 ms block); NumPy vec: hand-vectorized NumPy env, same envs and actions; "
+        f"device {records[0].device if records else '-'}, {torch.get_num_threads()} torch threads; "
         f"memory: {records[0].memory_method if records else '-'}; method: fedrl_algos/bench.py"
     )
     try:
@@ -344,7 +375,7 @@ def print_env_table(records: Sequence[EnvBenchRecord]) -> None:
         return
     console = Console()
     if not console.is_terminal:
-        console = Console(width=130)
+        console = Console(width=160)
     table = Table(title="fedrl bench envs", caption=note)
     for h in header:
         table.add_column(h, justify="left" if h in ("env", "policy") else "right", no_wrap=True)
@@ -373,9 +404,10 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
 def _add_envs_target(targets: argparse._SubParsersAction) -> None:
     p = targets.add_parser(
         "envs",
-        help="env steps/s of the federated env vs gymnasium SyncVectorEnv",
-        description="Environment steps per second of FederatedVecEnv (gridworld, arc navigation) next to "
-        "gymnasium.vector.SyncVectorEnv measured in the same process, peak memory, and rollouts with a policy.",
+        help="env steps/s of the federated env vs a hand-vectorized NumPy env and gymnasium SyncVectorEnv",
+        description="Environment steps per second of FederatedVecEnv (gridworld, arc navigation) next to the "
+        "same MDPs hand-vectorized in NumPy (as Gymnasium's CartPoleVectorEnv) and gymnasium.vector.SyncVectorEnv, "
+        "measured in the same process, peak memory, and rollouts with a policy.",
     )
     p.add_argument("--sizes", type=positive_int, nargs="+", help="envs per agent (default 64 1024 16384)")
     p.add_argument("--quick", action="store_true", help="a short smoke run (size 64, tiny timings)")
