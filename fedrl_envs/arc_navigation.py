@@ -67,6 +67,7 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
     env_id = "fedrl/ArcNavigation-v0"
     reset_noise_dim = 2
     numpy_kernels = True
+    reset_reads_params = False  # starts uniform in the square for every goal; observations are positions
 
     def reset(self, params: ArcNavigationParams, noise: torch.Tensor) -> torch.Tensor:
         xp = array_ops(noise)

@@ -189,6 +189,7 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     reset_noise_dim = 4
     numpy_kernels = True
     reset_reads_params = False  # every task starts alike and observes its state
+    state_as_components = True  # the kernels unbind the state into its components
     params_cls = CartPoleParams
     defaults = CARTPOLE_DEFAULTS
     level_factors = LEVEL_FACTORS

@@ -306,6 +306,12 @@ class TaskFamily(ABC, Generic[P]):
     #: native vector env's autoreset then passes ``None`` instead of gathering the task
     #: parameters of the rows that reset (one gather per parameter field and step)
     reset_reads_params: ClassVar[bool] = True
+    #: whether the kernels compute on the state's components (``xp.unbind(state)``, then
+    #: ``xp.stack``): the native vector env then lays every start and ``set_state`` state out as
+    #: contiguous components (:func:`components_layout`), on which torch's elementwise kernels run
+    #: vectorized; a family that combines whole ``[N, d]`` rows with per-row data (a goal, a move
+    #: table) keeps the row layout
+    state_as_components: ClassVar[bool] = False
 
     # --- kernels -------------------------------------------------------------------------------
     @abstractmethod
@@ -684,7 +690,11 @@ class FamilyVectorEnv(VectorEnv):
         noise = self.streams.uniform((self.n_envs, self.family.reset_noise_dim))
         if agents is not None:
             self.streams.counters = torch.where(agents, self.streams.counters, counters)
-        return components_layout(self.family.reset(self.params, noise.reshape(self.num_envs, -1)))
+        return self._laid_out(self.family.reset(self.params, noise.reshape(self.num_envs, -1)))
+
+    def _laid_out(self, state: torch.Tensor) -> torch.Tensor:
+        """``state`` in the layout the family's kernels run fastest on (see ``TaskFamily.state_as_components``)."""
+        return components_layout(state) if self.family.state_as_components else state
 
     def _draw_reset_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Initial states of the flat rows ``rows`` only, with the numbers :meth:`_draw_reset_states` gives them.
@@ -809,7 +819,7 @@ class FamilyVectorEnv(VectorEnv):
         if bool((t_t < 0).any()):
             raise ValueError(f"t must be >= 0, got minimum {int(t_t.min())}")
         self.family.validate_state(state_t, self.params)
-        self._state = components_layout(state_t)
+        self._state = self._laid_out(state_t)
         self._t = t_t.to(self.device, torch.int64).expand(self.num_envs).clone()
         return self._export_obs(self._observe(self._state))
 

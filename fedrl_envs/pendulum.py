@@ -95,6 +95,7 @@ class PendulumFamily(_DefaultPopulation, TaskFamily[PendulumParams]):
     reset_noise_dim = 2
     numpy_kernels = True
     reset_reads_params = False  # every task starts alike; observations are (cos θ, sin θ, θ̇)
+    state_as_components = True  # the kernels unbind the state into its components
     params_cls = PendulumParams
     defaults = PENDULUM_DEFAULTS
     level_factors = LEVEL_FACTORS
