@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from fedrl_algos.reproduce.common import (
     linear_estimate,
     progress_bar,
 )
+from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, check_workers, run_forked
 from fedrl_envs import GRIDWORLD, params_to, stack_params
 
 __all__ = [
@@ -127,8 +129,12 @@ class _TabularExperimentConfig(TabularConfig):
     """dtype of the training program (the exact evaluation is always float64)"""
     cpu_threads: int = CPU_THREADS
     """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
+    workers: int = DEFAULT_WORKERS
+    """parts of the program run at once on CPU: the methods' trainings, then the α values' exact
+    evaluations (:mod:`fedrl_algos.reproduce.parallel`); the results do not depend on it"""
 
     def __post_init__(self) -> None:
+        check_workers(self.workers)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods!r}")
@@ -212,6 +218,7 @@ def train_tabular(
     dtype: torch.dtype = TRAIN_DTYPE,
     progress: bool = False,
     desc: str = "tabular",
+    workers: int = 1,
 ) -> dict[str, TabularResult]:
     """Train every method on every (α, seed) and evaluate F and f exactly at every round.
 
@@ -219,6 +226,12 @@ def train_tabular(
     has step size ``alphas[a]`` and seed ``seeds[s]``; a single α is passed as a number); FedAvg-PG
     runs ``len(seeds)`` runs and is evaluated at every α.
 
+    With ``workers > 1`` the methods train at the same time (in groups balanced by their sampling
+    cost, :func:`~fedrl_algos.reproduce.parallel.run_forked`), and then the α values are evaluated
+    at the same time. Every method's training and every α's evaluation run exactly the operations
+    they run with ``workers = 1``, so the results are bitwise the same.
+
+    :param workers: parts of the program that may run at once (:mod:`fedrl_algos.reproduce.parallel`)
     :return: one :class:`TabularResult` per method
     """
     device = torch.device(device)
@@ -227,8 +240,73 @@ def train_tabular(
     n_alpha, n_seeds = len(alphas), len(seeds)
     if n_alpha == 0 or n_seeds == 0:
         raise ValueError("seeds and alphas must be non-empty")
+    workers = check_workers(workers)
+    family = GRIDWORLD
+    methods = list(methods)
+    groups = _balanced_groups(methods, lambda m: _runs(m, n_alpha, n_seeds) * cfg.trajectories_per_step(m), workers)
+    tasks = [
+        functools.partial(_train_methods, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc)
+        for k, group in enumerate(groups)
+    ]
+    histories = {m: h for part in run_forked(tasks, workers, device) for m, h in part.items()}
+    # Exact evaluation of every round of every run: one call per α over all methods, rounds and seeds
+    # (α passed as a number: the same values as a per-row tensor, without its broadcasting checks).
+    evaluator = TabularEvaluator(family, gamma=cfg.gamma, device=device)
+    stacked = []
+    for method in methods:
+        history = histories[method]  # [K+1, runs, d]
+        if method == "fedavg":  # trained once per seed, evaluated at every α
+            history = history.unsqueeze(1).expand(-1, n_alpha, -1, -1)
+        stacked.append(history.reshape(cfg.rounds + 1, n_alpha, n_seeds, -1))
+    every = torch.stack(stacked).to(torch.float64)  # [methods, K+1, n_alpha, n_seeds, d]
+    # Each α is evaluated in the same chunks whatever the grouping (the evaluator's rounding
+    # depends on the chunk layout), so the values are those of the serial program.
+    alpha_groups = _balanced_groups(list(range(n_alpha)), lambda a: 1.0, workers)
+    parts = run_forked(
+        [functools.partial(_evaluate_alphas, evaluator, every, alphas, group) for group in alpha_groups], workers, device
+    )
+    values = {a: v for part in parts for a, v in part.items()}
+    big_f = torch.stack([values[a][0] for a in range(n_alpha)], dim=2).cpu()  # [methods, K+1, n_alpha, n_seeds]
+    small_f = torch.stack([values[a][1] for a in range(n_alpha)], dim=2).cpu()
+    results = {}
+    for i, method in enumerate(methods):
+        results[method] = TabularResult(
+            method=method,
+            alphas=alphas,
+            seeds=seeds,
+            F=big_f[i],
+            f=small_f[i],
+            trajectories_per_round=cfg.tau * cfg.trajectories_per_step(method),
+            theta=stacked[i].cpu(),
+        )
+    return results
+
+
+def _runs(method: str, n_alpha: int, n_seeds: int) -> int:
+    """Runs of ``method`` in a sweep: one per (α, seed) for the meta-methods, one per seed for FedAvg-PG."""
+    return n_seeds if method == "fedavg" else n_alpha * n_seeds
+
+
+def _balanced_groups(items: list[Any], cost: Any, n_groups: int) -> list[list[Any]]:
+    """``items`` in at most ``n_groups`` non-empty groups of similar total ``cost(item)`` (largest first
+    into the lightest group); each group keeps the items' order, the first group is the heaviest."""
+    loads: list[tuple[float, list[Any]]] = [(0.0, []) for _ in range(min(n_groups, len(items)))]
+    for item in sorted(items, key=cost, reverse=True):
+        k = min(range(len(loads)), key=lambda j: loads[j][0])
+        loads[k] = (loads[k][0] + cost(item), loads[k][1] + [item])
+    order = {item: i for i, item in enumerate(items)}
+    loads.sort(key=lambda load: -load[0])
+    return [sorted(group, key=order.__getitem__) for _, group in loads if group]
+
+
+def _train_methods(
+    methods: Sequence[str], seeds: list[int], alphas: list[float], cfg: TabularConfig, device: torch.device,
+    dtype: torch.dtype, progress: bool, desc: str,
+) -> dict[str, torch.Tensor]:
+    """Train ``methods`` (each its own federation) and return each one's server parameters ``[K+1, runs, d]``."""
     family = GRIDWORLD
     tasks = family.train_tasks
+    n_alpha, n_seeds = len(alphas), len(seeds)
     policy = TabularPolicy(family.observation_space(tasks[0]), family.action_space(tasks[0]), dtype=dtype).to(device)
     params = params_to(stack_params(tasks), device)
     histories: dict[str, list[torch.Tensor]] = {}
@@ -255,31 +333,14 @@ def train_tabular(
                 bar.update(1)
     if bar is not None:
         bar.close()
-    # Exact evaluation of every round of every run: one call per α over all methods, rounds and seeds
-    # (α passed as a number: the same values as a per-row tensor, without its broadcasting checks).
-    evaluator = TabularEvaluator(family, gamma=cfg.gamma, device=device)
-    stacked = []
-    for method in methods:
-        history = torch.stack(histories[method])  # [K+1, runs, d]
-        if method == "fedavg":  # trained once per seed, evaluated at every α
-            history = history.unsqueeze(1).expand(-1, n_alpha, -1, -1)
-        stacked.append(history.reshape(cfg.rounds + 1, n_alpha, n_seeds, -1))
-    every = torch.stack(stacked).to(torch.float64)  # [methods, K+1, n_alpha, n_seeds, d]
-    values = [_evaluate(evaluator, every[:, :, a], alpha) for a, alpha in enumerate(alphas)]
-    big_f = torch.stack([v[0] for v in values], dim=2).cpu()  # [methods, K+1, n_alpha, n_seeds]
-    small_f = torch.stack([v[1] for v in values], dim=2).cpu()
-    results = {}
-    for i, method in enumerate(methods):
-        results[method] = TabularResult(
-            method=method,
-            alphas=alphas,
-            seeds=seeds,
-            F=big_f[i],
-            f=small_f[i],
-            trajectories_per_round=cfg.tau * cfg.trajectories_per_step(method),
-            theta=stacked[i].cpu(),
-        )
-    return results
+    return {method: torch.stack(history) for method, history in histories.items()}
+
+
+def _evaluate_alphas(
+    evaluator: TabularEvaluator, every: torch.Tensor, alphas: list[float], indices: Sequence[int]
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Exact (F, f) of ``every[:, :, a]`` at ``alphas[a]`` for each index ``a`` (see :func:`_evaluate`)."""
+    return {a: _evaluate(evaluator, every[:, :, a], alphas[a]) for a in indices}
 
 
 #: parameter vectors per exact-evaluation call: chunks this size keep the dynamic program's
@@ -381,7 +442,8 @@ def _run_training(seeds: list[int], alphas: Sequence[float], cfg: _TabularExperi
                   desc: str) -> dict[str, TabularResult]:
     threads = cfg.cpu_threads if torch.device(device).type == "cpu" else None
     with _intra_op_threads(threads):
-        return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc)
+        return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc,
+                             workers=cfg.workers)
 
 
 class PersonalizationExperiment(Experiment):
