@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["DEFAULT_WORKERS", "can_fork", "check_workers", "run_forked", "run_threaded"]
+__all__ = ["DEFAULT_WORKERS", "balanced_groups", "can_fork", "check_workers", "run_forked", "run_threaded"]
 
 T = TypeVar("T")
 
@@ -52,6 +52,24 @@ def check_workers(workers: Any) -> int:
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     return workers
+
+
+def balanced_groups(items: Sequence[T], cost: Callable[[T], float], n_groups: int) -> list[list[T]]:
+    """``items`` in at most ``n_groups`` non-empty groups of similar total cost (each item, most costly
+    first, joins the group with the least cost so far), heaviest group first; a group keeps the
+    items' order. ``n_groups = 1``: one group, all items in order.
+
+    :param items: hashable work items
+    :param cost: the relative cost of an item
+    :param n_groups: the most groups
+    """
+    loads: list[tuple[float, list[T]]] = [(0.0, []) for _ in range(min(n_groups, len(items)))]
+    for item in sorted(items, key=cost, reverse=True):
+        k = min(range(len(loads)), key=lambda j: loads[j][0])
+        loads[k] = (loads[k][0] + cost(item), loads[k][1] + [item])
+    order = {item: i for i, item in enumerate(items)}
+    loads.sort(key=lambda load: -load[0])
+    return [sorted(group, key=order.__getitem__) for _, group in loads if group]
 
 
 def can_fork(device: str | torch.device = "cpu") -> bool:
@@ -80,17 +98,18 @@ def run_forked(tasks: Sequence[Callable[[], T]], workers: int, device: str | tor
     """Run independent ``tasks`` at the same time, ``tasks[0]`` here and each other one in a forked child.
 
     :param tasks: callables without arguments; their results must pickle (tensors, lists, dataclasses)
-    :param workers: the most tasks that may run at once; ``len(tasks)`` must not exceed it (the caller
-        groups its work into that many balanced parts); ``1``: run them one after the other here
+    :param workers: the most tasks that may run at once; unless it is ``1`` (run them one after the
+        other here), ``len(tasks)`` must not exceed it: the caller groups its work into that many
+        balanced parts (:func:`balanced_groups`)
     :param device: the device the tasks compute on (only a CPU program is forked)
     :return: the tasks' results, in order
     :raises RuntimeError: when a child fails (with its traceback)
     """
     workers = check_workers(workers)
-    if len(tasks) > workers:
-        raise ValueError(f"tasks must be at most workers={workers} parts, got {len(tasks)}")
     if len(tasks) <= 1 or workers == 1 or not can_fork(device):
         return [task() for task in tasks]
+    if len(tasks) > workers:
+        raise ValueError(f"tasks must be at most workers={workers} parts, got {len(tasks)}")
     ctx = multiprocessing.get_context("fork")
     children = []
     for task in tasks[1:]:

@@ -52,7 +52,7 @@ from fedrl_algos.reproduce.common import (
     linear_estimate,
     progress_bar,
 )
-from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, check_workers, run_forked
+from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, check_workers, run_forked
 from fedrl_envs import GRIDWORLD, params_to, stack_params
 
 __all__ = [
@@ -243,7 +243,7 @@ def train_tabular(
     workers = check_workers(workers)
     family = GRIDWORLD
     methods = list(methods)
-    groups = _balanced_groups(methods, lambda m: _runs(m, n_alpha, n_seeds) * cfg.trajectories_per_step(m), workers)
+    groups = balanced_groups(methods, lambda m: _runs(m, n_alpha, n_seeds) * cfg.trajectories_per_step(m), workers)
     tasks = [
         functools.partial(_train_methods, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc)
         for k, group in enumerate(groups)
@@ -261,7 +261,7 @@ def train_tabular(
     every = torch.stack(stacked).to(torch.float64)  # [methods, K+1, n_alpha, n_seeds, d]
     # Each α is evaluated in the same chunks whatever the grouping (the evaluator's rounding
     # depends on the chunk layout), so the values are those of the serial program.
-    alpha_groups = _balanced_groups(list(range(n_alpha)), lambda a: 1.0, workers)
+    alpha_groups = balanced_groups(list(range(n_alpha)), lambda a: 1.0, workers)
     parts = run_forked(
         [functools.partial(_evaluate_alphas, evaluator, every, alphas, group) for group in alpha_groups], workers, device
     )
@@ -285,18 +285,6 @@ def train_tabular(
 def _runs(method: str, n_alpha: int, n_seeds: int) -> int:
     """Runs of ``method`` in a sweep: one per (α, seed) for the meta-methods, one per seed for FedAvg-PG."""
     return n_seeds if method == "fedavg" else n_alpha * n_seeds
-
-
-def _balanced_groups(items: list[Any], cost: Any, n_groups: int) -> list[list[Any]]:
-    """``items`` in at most ``n_groups`` non-empty groups of similar total ``cost(item)`` (largest first
-    into the lightest group); each group keeps the items' order, the first group is the heaviest."""
-    loads: list[tuple[float, list[Any]]] = [(0.0, []) for _ in range(min(n_groups, len(items)))]
-    for item in sorted(items, key=cost, reverse=True):
-        k = min(range(len(loads)), key=lambda j: loads[j][0])
-        loads[k] = (loads[k][0] + cost(item), loads[k][1] + [item])
-    order = {item: i for i, item in enumerate(items)}
-    loads.sort(key=lambda load: -load[0])
-    return [sorted(group, key=order.__getitem__) for _, group in loads if group]
 
 
 def _train_methods(
