@@ -52,7 +52,7 @@ from fedrl_algos.reproduce.common import (
     linear_estimate,
     progress_bar,
 )
-from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, check_workers, run_forked
+from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, can_fork, check_workers, run_forked
 from fedrl_envs import GRIDWORLD, params_to, stack_params
 
 __all__ = [
@@ -226,10 +226,13 @@ def train_tabular(
     has step size ``alphas[a]`` and seed ``seeds[s]``; a single α is passed as a number); FedAvg-PG
     runs ``len(seeds)`` runs and is evaluated at every α.
 
-    With ``workers > 1`` the methods train at the same time (in groups balanced by their sampling
-    cost, :func:`~fedrl_algos.reproduce.parallel.run_forked`), and then the α values are evaluated
-    at the same time. Every method's training and every α's evaluation run exactly the operations
-    they run with ``workers = 1``, so the results are bitwise the same.
+    With ``workers > 1`` the program runs in parts at the same time
+    (:func:`~fedrl_algos.reproduce.parallel.run_forked`): first the trainings, the meta-methods'
+    runs split by α into one federation per part (a run's training is bitwise the same alone or in
+    any batch: its streams are keyed by its seed and agent only), in groups balanced by their
+    sampling cost; then the α values' exact evaluations, each in the chunks of the serial program
+    (the evaluator's rounding depends on the chunk layout). So the results are bitwise those of
+    ``workers = 1``.
 
     :param workers: parts of the program that may run at once (:mod:`fedrl_algos.reproduce.parallel`)
     :return: one :class:`TabularResult` per method
@@ -243,12 +246,19 @@ def train_tabular(
     workers = check_workers(workers)
     family = GRIDWORLD
     methods = list(methods)
-    groups = balanced_groups(methods, lambda m: _runs(m, n_alpha, n_seeds) * cfg.trajectories_per_step(m), workers)
+    # A unit is one federation: (method, its α indices); FedAvg-PG's training has no α.
+    split = workers if can_fork(device) else 1
+    chunks = [tuple(c.tolist()) for c in torch.arange(n_alpha).chunk(min(split, n_alpha))]
+    units = [(m, (0,) if m == "fedavg" else chunk) for m in methods for chunk in (chunks[:1] if m == "fedavg" else chunks)]
+    groups = balanced_groups(units, lambda u: (1 if u[0] == "fedavg" else len(u[1])) * n_seeds * cfg.trajectories_per_step(u[0]),
+                             workers)
     tasks = [
-        functools.partial(_train_methods, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc)
+        functools.partial(_train_units, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc)
         for k, group in enumerate(groups)
     ]
-    histories = {m: h for part in run_forked(tasks, workers, device) for m, h in part.items()}
+    trained = {unit: h for part in run_forked(tasks, workers, device) for unit, h in part.items()}
+    # runs are α-major (run a·n_seeds + s), so a method's units join along the run axis in α order
+    histories = {m: torch.cat([trained[u] for u in units if u[0] == m], dim=1) for m in methods}
     # Exact evaluation of every round of every run: one call per α over all methods, rounds and seeds
     # (α passed as a number: the same values as a per-row tensor, without its broadcasting checks).
     evaluator = TabularEvaluator(family, gamma=cfg.gamma, device=device)
@@ -282,46 +292,44 @@ def train_tabular(
     return results
 
 
-def _runs(method: str, n_alpha: int, n_seeds: int) -> int:
-    """Runs of ``method`` in a sweep: one per (α, seed) for the meta-methods, one per seed for FedAvg-PG."""
-    return n_seeds if method == "fedavg" else n_alpha * n_seeds
-
-
-def _train_methods(
-    methods: Sequence[str], seeds: list[int], alphas: list[float], cfg: TabularConfig, device: torch.device,
-    dtype: torch.dtype, progress: bool, desc: str,
-) -> dict[str, torch.Tensor]:
-    """Train ``methods`` (each its own federation) and return each one's server parameters ``[K+1, runs, d]``."""
+def _train_units(
+    units: Sequence[tuple[str, tuple[int, ...]]], seeds: list[int], alphas: list[float], cfg: TabularConfig,
+    device: torch.device, dtype: torch.dtype, progress: bool, desc: str,
+) -> dict[tuple[str, tuple[int, ...]], torch.Tensor]:
+    """Train each unit ``(method, α indices)`` as one federation (a meta-method's runs: those α × the
+    seeds; FedAvg-PG's: the seeds) and return its server parameters ``[K+1, runs, d]``."""
     family = GRIDWORLD
     tasks = family.train_tasks
-    n_alpha, n_seeds = len(alphas), len(seeds)
+    n_seeds = len(seeds)
     policy = TabularPolicy(family.observation_space(tasks[0]), family.action_space(tasks[0]), dtype=dtype).to(device)
     params = params_to(stack_params(tasks), device)
-    histories: dict[str, list[torch.Tensor]] = {}
-    runs: dict[str, tuple[Federation, GradientEstimator, torch.Tensor]] = {}
-    for method in methods:
+    histories: dict[tuple[str, tuple[int, ...]], list[torch.Tensor]] = {}
+    runs: dict[tuple[str, tuple[int, ...]], tuple[Federation, GradientEstimator, torch.Tensor]] = {}
+    for unit in units:
+        method, indices = unit
         if method == "fedavg":
             run_seeds, alpha = torch.tensor(seeds), 0.0
         else:
-            run_seeds = torch.tensor(seeds).repeat(n_alpha)
-            alpha = alphas[0] if n_alpha == 1 else torch.tensor(alphas, dtype=dtype, device=device).repeat_interleave(n_seeds).reshape(-1, 1, 1)
+            values = [alphas[a] for a in indices]
+            run_seeds = torch.tensor(seeds).repeat(len(values))
+            alpha = values[0] if len(values) == 1 else torch.tensor(values, dtype=dtype, device=device).repeat_interleave(n_seeds).reshape(-1, 1, 1)
         federation = Federation(family, params, policy, run_seeds, gamma=cfg.gamma)
         theta = torch.zeros(len(run_seeds), policy.n_params, dtype=dtype, device=device)
-        runs[method] = (federation, _estimator(method, policy, cfg, alpha), theta)
-        histories[method] = [theta]
-    bar = progress_bar(cfg.rounds * len(methods), progress, desc, unit="round")
+        runs[unit] = (federation, _estimator(method, policy, cfg, alpha), theta)
+        histories[unit] = [theta]
+    bar = progress_bar(cfg.rounds * len(units), progress, desc, unit="round")
     for k in range(cfg.rounds):
-        for method in methods:
-            federation, estimator, theta = runs[method]
+        for unit in units:
+            federation, estimator, theta = runs[unit]
             theta, _ = federation.round(theta, estimator, cfg.beta, cfg.tau)
-            runs[method] = (federation, estimator, theta)
-            histories[method].append(theta)
+            runs[unit] = (federation, estimator, theta)
+            histories[unit].append(theta)
             if bar is not None:
-                bar.set_postfix_str(f"round {k + 1}/{cfg.rounds} {method}", refresh=False)
+                bar.set_postfix_str(f"round {k + 1}/{cfg.rounds} {unit[0]}", refresh=False)
                 bar.update(1)
     if bar is not None:
         bar.close()
-    return {method: torch.stack(history) for method, history in histories.items()}
+    return {unit: torch.stack(history) for unit, history in histories.items()}
 
 
 def _evaluate_alphas(
