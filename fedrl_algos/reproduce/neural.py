@@ -754,9 +754,8 @@ class FewShotExperiment(Experiment[FewShotConfig]):
         import matplotlib.pyplot as plt
 
         recs = [r for r in output.records if r.get("round") is None]
-        paths = []
-        for metric, fname, ylabel in (("return", "fewshot_return.png", "held-out return (γ=0.9)"),
-                                      ("success", "fewshot_success.png", "held-out success rate")):
+
+        def figure(metric: str, fname: str, ylabel: str) -> Path:
             fig, ax = plt.subplots(figsize=(5.4, 3.6))
             for method, key, color, label in (("meta_init", "m_adapt", "tab:blue", "meta-init + one PG step"),
                                               ("from_scratch", "budget", "tab:orange", "from scratch (PG, batch 20)")):
@@ -784,8 +783,12 @@ class FewShotExperiment(Experiment[FewShotConfig]):
             path = out_dir / fname
             fig.savefig(path, dpi=130)
             plt.close(fig)
-            paths.append(path)
-        return paths
+            return path
+
+        # the two figures are independent: with workers > 1 the second is drawn in a forked child
+        return run_forked([functools.partial(figure, "return", "fewshot_return.png", "held-out return (γ=0.9)"),
+                           functools.partial(figure, "success", "fewshot_success.png", "held-out success rate")],
+                          int(output.settings.get("workers", 1)))
 
 
 def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str,

@@ -609,42 +609,52 @@ class AlphaExperiment(Experiment):
         plt = _pyplot()
         curves = _curves(output.records, by_alpha=True)
         last = max(r["round"] for r in output.records)
-        paths = []
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        # the two figures are independent: with workers > 1 the second is drawn in a forked child
+        figures = [functools.partial(_alpha_final_figure, plt, curves, last, out_dir),
+                   functools.partial(_alpha_rounds_figure, plt, curves, out_dir)]
+        return run_forked(figures, int(output.settings.get("workers", 1)))
+
+
+def _alpha_final_figure(plt, curves: dict, last: int, out_dir: Path) -> Path:
+    """Figure 1 (right): final F against α, mean ± std over seeds."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for m in METHODS:
+        alphas = sorted(a for (mm, a) in curves if mm == m)
+        if not alphas:
+            continue
+        finals = torch.stack([curves[(m, a)]["F"][-1] for a in alphas])  # [n_alpha, seeds]
+        mean, std = finals.mean(-1), finals.std(-1, unbiased=False)
+        ax.errorbar(alphas, mean, yerr=std, marker="o", capsize=3, color=COLORS[m], label=LABELS[m])
+        ax.fill_between(alphas, mean - std, mean + std, color=COLORS[m], alpha=0.15)
+    ax.set_xlabel("adaptation step size α")
+    ax.set_ylabel(f"exact F after K={last} rounds")
+    ax.set_title("Effect of α (fig. 1 right)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    return _save(fig, out_dir / "fig1_right_alpha.png")
+
+
+def _alpha_rounds_figure(plt, curves: dict, out_dir: Path) -> Path:
+    """F against rounds, one panel per α."""
+    alphas = sorted({a for (_, a) in curves})
+    cols = min(3, len(alphas))
+    rows = math.ceil(len(alphas) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
+    for i, alpha in enumerate(alphas):
+        ax = axes[i // cols][i % cols]
         for m in METHODS:
-            alphas = sorted(a for (mm, a) in curves if mm == m)
-            if not alphas:
-                continue
-            finals = torch.stack([curves[(m, a)]["F"][-1] for a in alphas])  # [n_alpha, seeds]
-            mean, std = finals.mean(-1), finals.std(-1, unbiased=False)
-            ax.errorbar(alphas, mean, yerr=std, marker="o", capsize=3, color=COLORS[m], label=LABELS[m])
-            ax.fill_between(alphas, mean - std, mean + std, color=COLORS[m], alpha=0.15)
-        ax.set_xlabel("adaptation step size α")
-        ax.set_ylabel(f"exact F after K={last} rounds")
-        ax.set_title("Effect of α (fig. 1 right)")
-        ax.legend(fontsize=8, loc="upper left")
+            if (m, alpha) in curves:
+                c = curves[(m, alpha)]
+                _band(ax, c["round"], c["F"], COLORS[m], LABELS[m])
+        ax.set_title(f"α = {alpha:g}", fontsize=10)
         ax.grid(alpha=0.3)
-        paths.append(_save(fig, out_dir / "fig1_right_alpha.png"))
-        alphas = sorted({a for (_, a) in curves})
-        cols = min(3, len(alphas))
-        rows = math.ceil(len(alphas) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
-        for i, alpha in enumerate(alphas):
-            ax = axes[i // cols][i % cols]
-            for m in METHODS:
-                if (m, alpha) in curves:
-                    c = curves[(m, alpha)]
-                    _band(ax, c["round"], c["F"], COLORS[m], LABELS[m])
-            ax.set_title(f"α = {alpha:g}", fontsize=10)
-            ax.grid(alpha=0.3)
-        for ax in axes[-1]:
-            ax.set_xlabel("communication round")
-        for row in axes:
-            row[0].set_ylabel("exact F")
-        axes[0][0].legend(fontsize=7, loc="lower right")
-        fig.suptitle("F against rounds for every α")
-        paths.append(_save(fig, out_dir / "alpha_rounds.png"))
-        return paths
+    for ax in axes[-1]:
+        ax.set_xlabel("communication round")
+    for row in axes:
+        row[0].set_ylabel("exact F")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("F against rounds for every α")
+    return _save(fig, out_dir / "alpha_rounds.png")
 
 
 # --- plotting helpers ---------------------------------------------------------------------------
