@@ -565,10 +565,11 @@ class AlphaExperiment(Experiment):
     config_class = AlphaConfig
 
     def estimate_wall_time(self, config: AlphaConfig, seeds: int) -> WallTimeEstimate:
-        # docs/reproduction.md: 12.0 s wall for 10 seeds, 80 rounds, 3 methods, the 6 α of the sweep
-        return linear_estimate(self.name, 12.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 80),
+        # docs/benchmarks.md (reproduction wall times): 6.4 s program wall for 10 seeds, 80 rounds, 3 methods,
+        # the 6 α of the sweep, workers=2
+        return linear_estimate(self.name, 6.4, {"seeds": (seeds, 10), "rounds": (config.rounds, 80),
                                                  "methods": (len(config.methods), len(METHODS)),
-                                                 "alphas": (len(config.alphas), len(ALPHAS))}, "docs/reproduction.md")
+                                                 "alphas": (len(config.alphas), len(ALPHAS))}, "docs/benchmarks.md")
 
     def run(self, config: AlphaConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, seed_list = config, _seed_list(seeds)
