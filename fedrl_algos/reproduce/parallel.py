@@ -5,9 +5,11 @@ changes the order of some reductions, hence the bits, and on shared cores it spi
 second core can still do without touching a single number is run a *separate* part of the program:
 a method's training while another method trains, the exact evaluation at some α values while the
 others are evaluated, the Hessian batch of one m_h setting while another setting's is drawn. Each
-part executes exactly the operations it executes alone, on tensors of the same shapes, from its own
-random streams, so its results are bitwise those of the serial program; only the order in which
-the parts run changes.
+part executes the operations it executes in the serial program, from its own random streams, so
+its results are bitwise those of the serial program; only the order in which the parts run
+changes. (Where a caller splits one batch into parts — ``alpha``'s runs by α — it relies on a
+tested guarantee that a run's result does not depend on the rest of its batch; it never splits a
+computation whose rounding depends on the layout, such as the exact evaluator's chunks.)
 
 Two mechanisms, for two kinds of parts:
 
