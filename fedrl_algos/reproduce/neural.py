@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -53,6 +55,14 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+)
+from fedrl_algos.reproduce.parallel import (
+    DEFAULT_WORKERS,
+    balanced_groups,
+    can_fork,
+    check_workers,
+    run_forked,
+    run_threaded,
 )
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
 
@@ -189,6 +199,13 @@ class MetaTrainingConfig(FederatedTrainingConfig):
     """α, step size of the adaptation step (training and evaluation)"""
     cpu_threads: int = CPU_THREADS
     """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
+    workers: int = DEFAULT_WORKERS
+    """parts of the program run at once on CPU (:mod:`fedrl_algos.reproduce.parallel`): curvature's
+    Hessian batches beside the first-order estimate, fewshot's from-scratch runs beside the
+    meta-training; the results do not depend on it"""
+
+    def __post_init__(self) -> None:
+        check_workers(self.workers)
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -232,6 +249,8 @@ class MetaSweep:
     :param inner_baseline: baseline of the inner step ĝ_in (:mod:`fedrl_algos.core.adaptation`)
     :param estimators: one curvature estimator per setting (:data:`~fedrl_algos.core.curvature.CURVATURES`;
         default ``"paper"`` for every setting; ignored for first-order settings)
+    :param workers: threads of a local step: the exact settings' Hessian batches run beside the
+        first-order estimate (:meth:`direction`; the results do not depend on it)
     """
 
     def __init__(
@@ -249,8 +268,10 @@ class MetaSweep:
         objective: str = "paper",
         inner_baseline: str | None = None,
         estimators: Sequence[str] | None = None,
+        workers: int = 1,
     ) -> None:
         self.policy, self.family = policy, family
+        self.workers = check_workers(workers)
         self.device = policy.theta.device
         self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
         self.m_hs = list(m_hs)
@@ -288,16 +309,43 @@ class MetaSweep:
         return self.first_order.m_in + self.first_order.m_out + (m_h or 0)
 
     def direction(self, local: torch.Tensor) -> torch.Tensor:
-        """One local step's direction for every row ``[S·R, n, d]``."""
-        g_out = self.first_order(self.sampler, local)
+        """One local step's direction for every row ``[S·R, n, d]``.
+
+        With ``workers > 1`` the exact settings' Hessian batches (rollout, then the curvature
+        product once ``ĝ_out`` is known) run on threads while this thread estimates ``ĝ_out``;
+        every setting's operations are those of the serial loop, so the direction is bitwise the same.
+        """
         if self.alpha == 0.0 or not self.hessian_samplers:
-            return g_out
-        direction = g_out.clone()
-        for s, (params, streams) in self.hessian_samplers.items():
-            rows = slice(s * self.n_seeds, (s + 1) * self.n_seeds)
-            traj = fast_rollout(self.family, params, self.policy, local[rows], streams, self.m_hs[s])
-            direction[rows] += self.alpha * curvature_vector_product(
-                self.policy, local[rows], traj, g_out[rows], self.gamma, self.estimators[s])
+            return self.first_order(self.sampler, local)
+        g_out_ready = threading.Event()
+        g_out: list[torch.Tensor] = []
+
+        def curvature_terms(settings: Sequence[int]) -> dict[int, torch.Tensor]:
+            terms = {}
+            for s in settings:
+                params, streams = self.hessian_samplers[s]
+                rows = slice(s * self.n_seeds, (s + 1) * self.n_seeds)
+                traj = fast_rollout(self.family, params, self.policy, local[rows], streams, self.m_hs[s])
+                g_out_ready.wait()
+                terms[s] = self.alpha * curvature_vector_product(
+                    self.policy, local[rows], traj, g_out[0][rows], self.gamma, self.estimators[s])
+            return terms
+
+        def first_order_then(settings: Sequence[int]) -> dict[int, torch.Tensor]:
+            try:
+                g_out.append(self.first_order(self.sampler, local))
+            finally:
+                g_out_ready.set()  # also on failure, so that no thread waits forever
+            return curvature_terms(settings)
+
+        # this thread: ĝ_out, then the lightest group of settings; the others on their own threads
+        groups = balanced_groups(list(self.hessian_samplers), lambda s: self.m_hs[s], self.workers)[::-1]
+        tasks = [functools.partial(first_order_then, groups[0])]
+        tasks += [functools.partial(curvature_terms, group) for group in groups[1:]]
+        terms = {s: term for part in run_threaded(tasks, self.workers) for s, term in part.items()}
+        direction = g_out[0].clone()
+        for s in self.hessian_samplers:
+            direction[s * self.n_seeds : (s + 1) * self.n_seeds] += terms[s]
         return direction
 
     def round(self) -> None:
@@ -359,6 +407,7 @@ class CurvatureConfig(MetaTrainingConfig):
     """curvature estimators of the exact variant (:data:`~fedrl_algos.core.curvature.CURVATURES`), each run at every m_h"""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.estimators:
             raise ValueError("estimators must name at least one curvature estimator")
         for e in self.estimators:
@@ -403,7 +452,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         pairs.append((None, None))
         settings = [m_h for _, m_h in pairs]
         sweep = MetaSweep(policy, range(n_seeds), settings, cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out,
-                          estimators=[e or "paper" for e, _ in pairs])
+                          estimators=[e or "paper" for e, _ in pairs], workers=cfg.workers)
         records: list[dict[str, Any]] = []
 
         def log(round_: int) -> dict[str, torch.Tensor]:
@@ -628,6 +677,7 @@ class FewShotConfig(MetaTrainingConfig):
     ``None`` (the paper's), ``"loo"`` (leave-one-out, unbiased) or ``"mean"``"""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.objective not in ("paper", "debiased"):
             raise ValueError(f"objective must be 'paper' or 'debiased', got {self.objective!r}")
         check_adaptation_baseline(self.adaptation_baseline)
@@ -704,9 +754,8 @@ class FewShotExperiment(Experiment[FewShotConfig]):
         import matplotlib.pyplot as plt
 
         recs = [r for r in output.records if r.get("round") is None]
-        paths = []
-        for metric, fname, ylabel in (("return", "fewshot_return.png", "held-out return (γ=0.9)"),
-                                      ("success", "fewshot_success.png", "held-out success rate")):
+
+        def figure(metric: str, fname: str, ylabel: str) -> Path:
             fig, ax = plt.subplots(figsize=(5.4, 3.6))
             for method, key, color, label in (("meta_init", "m_adapt", "tab:blue", "meta-init + one PG step"),
                                               ("from_scratch", "budget", "tab:orange", "from scratch (PG, batch 20)")):
@@ -734,8 +783,12 @@ class FewShotExperiment(Experiment[FewShotConfig]):
             path = out_dir / fname
             fig.savefig(path, dpi=130)
             plt.close(fig)
-            paths.append(path)
-        return paths
+            return path
+
+        # the two figures are independent: with workers > 1 the second is drawn in a forked child
+        return run_forked([functools.partial(figure, "return", "fewshot_return.png", "held-out return (γ=0.9)"),
+                           functools.partial(figure, "success", "fewshot_success.png", "held-out success rate")],
+                          int(output.settings.get("workers", 1)))
 
 
 def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str,
@@ -754,27 +807,23 @@ def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig,
     return sweep.thetas()[0]
 
 
-def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> dict[str, Any]:
-    """Meta-train, adapt, train from scratch and evaluate on the held-out goals (all batched)."""
-    family = ARC_NAVIGATION
-    policy = arc_policy(device)
-    seeds = torch.arange(n_seeds)
-    heldout = family.heldout_tasks
-    n_goals = len(heldout)
-    theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training", cfg.objective,
-                                        cfg.adaptation_baseline)  # [R, d]
-    # --- meta-init adaptation: rows [len(m_adapt), R, goals] -----------------------------------
-    m_adapt = list(cfg.m_adapt)
+def _adapt_meta_init(cfg: FewShotConfig, policy, seeds: torch.Tensor, theta_meta: torch.Tensor) -> torch.Tensor:
+    """One PG step of the meta-initialization on every held-out goal: rows ``[len(m_adapt), R, goals]``."""
+    family, heldout = ARC_NAVIGATION, ARC_NAVIGATION.heldout_tasks
+    n_seeds, n_goals, m_adapt = int(seeds.numel()), len(heldout), list(cfg.m_adapt)
     n_m = len(m_adapt)
     keys = derive_keys(seeds.reshape(1, -1, 1), torch.arange(n_goals).reshape(1, 1, -1)
                        + _HELDOUT_STREAM + 16 * torch.arange(n_m).reshape(-1, 1, 1))
     params_m = params_to(_row_params(heldout, n_m * n_seeds), policy.theta.device)
     theta_m = theta_meta.reshape(1, n_seeds, 1, -1).expand(n_m, n_seeds, n_goals, -1).contiguous()
-    theta_m = adapt_one_step(policy, family, params_m, theta_m, RandomStreams(keys, policy.theta.device), m_adapt,
-                             cfg.alpha, cfg.adaptation_baseline)
-    # --- from scratch: rows [R, goals] from a fresh init per seed, snapshots at every budget ------
-    steps = list(cfg.scratch_steps)
-    init = fresh_initializations(policy, seeds)  # [R, d]
+    return adapt_one_step(policy, family, params_m, theta_m, RandomStreams(keys, policy.theta.device), m_adapt,
+                          cfg.alpha, cfg.adaptation_baseline)
+
+
+def _train_from_scratch(cfg: FewShotConfig, policy, seeds: torch.Tensor, init: torch.Tensor, progress: bool) -> list[torch.Tensor]:
+    """From-scratch PG on rows ``[R, goals]`` from the fresh ``init [R, d]``: a snapshot after each of ``scratch_steps``."""
+    family, heldout = ARC_NAVIGATION, ARC_NAVIGATION.heldout_tasks
+    n_seeds, n_goals, steps = int(seeds.numel()), len(heldout), list(cfg.scratch_steps)
     theta_s = init.reshape(n_seeds, 1, -1).expand(n_seeds, n_goals, -1).contiguous()
     params_s = params_to(_row_params(heldout, n_seeds), policy.theta.device)
     streams_s = RandomStreams(derive_keys(seeds.reshape(-1, 1), torch.arange(n_goals).reshape(1, -1)
@@ -790,6 +839,34 @@ def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> d
             bar.update(1)
     if bar is not None:
         bar.close()
+    return snapshots
+
+
+def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> dict[str, Any]:
+    """Meta-train, adapt, train from scratch and evaluate on the held-out goals (all batched)."""
+    family = ARC_NAVIGATION
+    policy = arc_policy(device)
+    seeds = torch.arange(n_seeds)
+    heldout = family.heldout_tasks
+    n_goals = len(heldout)
+    steps = list(cfg.scratch_steps)
+    init = fresh_initializations(policy, seeds)  # [R, d]
+    parallel = cfg.workers > 1 and can_fork(device)
+
+    def meta_init() -> tuple[torch.Tensor, torch.Tensor]:
+        theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training", cfg.objective,
+                                            cfg.adaptation_baseline)  # [R, d]
+        return theta_meta, _adapt_meta_init(cfg, policy, seeds, theta_meta)
+
+    def from_scratch() -> list[torch.Tensor]:
+        # a forked part shows no progress bar of its own (it would interleave with the parent's)
+        return _train_from_scratch(cfg, policy, seeds, init, progress and not parallel)
+
+    # The from-scratch runs do not depend on the meta-training: with workers > 1 they run beside it
+    # (run_forked), each part exactly as in the serial program.
+    (theta_meta, theta_m), snapshots = run_forked([meta_init, from_scratch], cfg.workers, device)
+    m_adapt = list(cfg.m_adapt)
+    n_m = len(m_adapt)
     # --- evaluate everything in one batch: [n_m + n_steps + 1 (random) + 1 (uniform), R, goals] -
     uniform = torch.zeros_like(init)
     all_theta = torch.cat([

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from fedrl_algos.reproduce.common import (
     linear_estimate,
     progress_bar,
 )
+from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, can_fork, check_workers, run_forked
 from fedrl_envs import GRIDWORLD, params_to, stack_params
 
 __all__ = [
@@ -127,8 +129,12 @@ class _TabularExperimentConfig(TabularConfig):
     """dtype of the training program (the exact evaluation is always float64)"""
     cpu_threads: int = CPU_THREADS
     """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
+    workers: int = DEFAULT_WORKERS
+    """parts of the program run at once on CPU: the methods' trainings, then the α values' exact
+    evaluations (:mod:`fedrl_algos.reproduce.parallel`); the results do not depend on it"""
 
     def __post_init__(self) -> None:
+        check_workers(self.workers)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods!r}")
@@ -212,6 +218,7 @@ def train_tabular(
     dtype: torch.dtype = TRAIN_DTYPE,
     progress: bool = False,
     desc: str = "tabular",
+    workers: int = 1,
 ) -> dict[str, TabularResult]:
     """Train every method on every (α, seed) and evaluate F and f exactly at every round.
 
@@ -219,6 +226,15 @@ def train_tabular(
     has step size ``alphas[a]`` and seed ``seeds[s]``; a single α is passed as a number); FedAvg-PG
     runs ``len(seeds)`` runs and is evaluated at every α.
 
+    With ``workers > 1`` the program runs in parts at the same time
+    (:func:`~fedrl_algos.reproduce.parallel.run_forked`): first the trainings, the meta-methods'
+    runs split by α into one federation per part (a run's training is bitwise the same alone or in
+    any batch: its streams are keyed by its seed and agent only), in groups balanced by their
+    sampling cost; then the α values' exact evaluations, each in the chunks of the serial program
+    (the evaluator's rounding depends on the chunk layout). So the results are bitwise those of
+    ``workers = 1``.
+
+    :param workers: parts of the program that may run at once (:mod:`fedrl_algos.reproduce.parallel`)
     :return: one :class:`TabularResult` per method
     """
     device = torch.device(device)
@@ -227,47 +243,41 @@ def train_tabular(
     n_alpha, n_seeds = len(alphas), len(seeds)
     if n_alpha == 0 or n_seeds == 0:
         raise ValueError("seeds and alphas must be non-empty")
+    workers = check_workers(workers)
     family = GRIDWORLD
-    tasks = family.train_tasks
-    policy = TabularPolicy(family.observation_space(tasks[0]), family.action_space(tasks[0]), dtype=dtype).to(device)
-    params = params_to(stack_params(tasks), device)
-    histories: dict[str, list[torch.Tensor]] = {}
-    runs: dict[str, tuple[Federation, GradientEstimator, torch.Tensor]] = {}
-    for method in methods:
-        if method == "fedavg":
-            run_seeds, alpha = torch.tensor(seeds), 0.0
-        else:
-            run_seeds = torch.tensor(seeds).repeat(n_alpha)
-            alpha = alphas[0] if n_alpha == 1 else torch.tensor(alphas, dtype=dtype, device=device).repeat_interleave(n_seeds).reshape(-1, 1, 1)
-        federation = Federation(family, params, policy, run_seeds, gamma=cfg.gamma)
-        theta = torch.zeros(len(run_seeds), policy.n_params, dtype=dtype, device=device)
-        runs[method] = (federation, _estimator(method, policy, cfg, alpha), theta)
-        histories[method] = [theta]
-    bar = progress_bar(cfg.rounds * len(methods), progress, desc, unit="round")
-    for k in range(cfg.rounds):
-        for method in methods:
-            federation, estimator, theta = runs[method]
-            theta, _ = federation.round(theta, estimator, cfg.beta, cfg.tau)
-            runs[method] = (federation, estimator, theta)
-            histories[method].append(theta)
-            if bar is not None:
-                bar.set_postfix_str(f"round {k + 1}/{cfg.rounds} {method}", refresh=False)
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+    methods = list(methods)
+    # A unit is one federation: (method, its α indices); FedAvg-PG's training has no α.
+    split = workers if can_fork(device) else 1
+    chunks = [tuple(c.tolist()) for c in torch.arange(n_alpha).chunk(min(split, n_alpha))]
+    units = [(m, (0,) if m == "fedavg" else chunk) for m in methods for chunk in (chunks[:1] if m == "fedavg" else chunks)]
+    groups = balanced_groups(units, lambda u: (1 if u[0] == "fedavg" else len(u[1])) * n_seeds * cfg.trajectories_per_step(u[0]),
+                             workers)
+    tasks = [
+        functools.partial(_train_units, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc)
+        for k, group in enumerate(groups)
+    ]
+    trained = {unit: h for part in run_forked(tasks, workers, device) for unit, h in part.items()}
+    # runs are α-major (run a·n_seeds + s), so a method's units join along the run axis in α order
+    histories = {m: torch.cat([trained[u] for u in units if u[0] == m], dim=1) for m in methods}
     # Exact evaluation of every round of every run: one call per α over all methods, rounds and seeds
     # (α passed as a number: the same values as a per-row tensor, without its broadcasting checks).
     evaluator = TabularEvaluator(family, gamma=cfg.gamma, device=device)
     stacked = []
     for method in methods:
-        history = torch.stack(histories[method])  # [K+1, runs, d]
+        history = histories[method]  # [K+1, runs, d]
         if method == "fedavg":  # trained once per seed, evaluated at every α
             history = history.unsqueeze(1).expand(-1, n_alpha, -1, -1)
         stacked.append(history.reshape(cfg.rounds + 1, n_alpha, n_seeds, -1))
     every = torch.stack(stacked).to(torch.float64)  # [methods, K+1, n_alpha, n_seeds, d]
-    values = [_evaluate(evaluator, every[:, :, a], alpha) for a, alpha in enumerate(alphas)]
-    big_f = torch.stack([v[0] for v in values], dim=2).cpu()  # [methods, K+1, n_alpha, n_seeds]
-    small_f = torch.stack([v[1] for v in values], dim=2).cpu()
+    # Each α is evaluated in the same chunks whatever the grouping (the evaluator's rounding
+    # depends on the chunk layout), so the values are those of the serial program.
+    alpha_groups = balanced_groups(list(range(n_alpha)), lambda a: 1.0, workers)
+    parts = run_forked(
+        [functools.partial(_evaluate_alphas, evaluator, every, alphas, group) for group in alpha_groups], workers, device
+    )
+    values = {a: v for part in parts for a, v in part.items()}
+    big_f = torch.stack([values[a][0] for a in range(n_alpha)], dim=2).cpu()  # [methods, K+1, n_alpha, n_seeds]
+    small_f = torch.stack([values[a][1] for a in range(n_alpha)], dim=2).cpu()
     results = {}
     for i, method in enumerate(methods):
         results[method] = TabularResult(
@@ -280,6 +290,53 @@ def train_tabular(
             theta=stacked[i].cpu(),
         )
     return results
+
+
+def _train_units(
+    units: Sequence[tuple[str, tuple[int, ...]]], seeds: list[int], alphas: list[float], cfg: TabularConfig,
+    device: torch.device, dtype: torch.dtype, progress: bool, desc: str,
+) -> dict[tuple[str, tuple[int, ...]], torch.Tensor]:
+    """Train each unit ``(method, α indices)`` as one federation (a meta-method's runs: those α × the
+    seeds; FedAvg-PG's: the seeds) and return its server parameters ``[K+1, runs, d]``."""
+    family = GRIDWORLD
+    tasks = family.train_tasks
+    n_seeds = len(seeds)
+    policy = TabularPolicy(family.observation_space(tasks[0]), family.action_space(tasks[0]), dtype=dtype).to(device)
+    params = params_to(stack_params(tasks), device)
+    histories: dict[tuple[str, tuple[int, ...]], list[torch.Tensor]] = {}
+    runs: dict[tuple[str, tuple[int, ...]], tuple[Federation, GradientEstimator, torch.Tensor]] = {}
+    for unit in units:
+        method, indices = unit
+        if method == "fedavg":
+            run_seeds, alpha = torch.tensor(seeds), 0.0
+        else:
+            values = [alphas[a] for a in indices]
+            run_seeds = torch.tensor(seeds).repeat(len(values))
+            alpha = values[0] if len(values) == 1 else torch.tensor(values, dtype=dtype, device=device).repeat_interleave(n_seeds).reshape(-1, 1, 1)
+        federation = Federation(family, params, policy, run_seeds, gamma=cfg.gamma)
+        theta = torch.zeros(len(run_seeds), policy.n_params, dtype=dtype, device=device)
+        runs[unit] = (federation, _estimator(method, policy, cfg, alpha), theta)
+        histories[unit] = [theta]
+    bar = progress_bar(cfg.rounds * len(units), progress, desc, unit="round")
+    for k in range(cfg.rounds):
+        for unit in units:
+            federation, estimator, theta = runs[unit]
+            theta, _ = federation.round(theta, estimator, cfg.beta, cfg.tau)
+            runs[unit] = (federation, estimator, theta)
+            histories[unit].append(theta)
+            if bar is not None:
+                bar.set_postfix_str(f"round {k + 1}/{cfg.rounds} {unit[0]}", refresh=False)
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return {unit: torch.stack(history) for unit, history in histories.items()}
+
+
+def _evaluate_alphas(
+    evaluator: TabularEvaluator, every: torch.Tensor, alphas: list[float], indices: Sequence[int]
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Exact (F, f) of ``every[:, :, a]`` at ``alphas[a]`` for each index ``a`` (see :func:`_evaluate`)."""
+    return {a: _evaluate(evaluator, every[:, :, a], alphas[a]) for a in indices}
 
 
 #: parameter vectors per exact-evaluation call: chunks this size keep the dynamic program's
@@ -381,7 +438,8 @@ def _run_training(seeds: list[int], alphas: Sequence[float], cfg: _TabularExperi
                   desc: str) -> dict[str, TabularResult]:
     threads = cfg.cpu_threads if torch.device(device).type == "cpu" else None
     with _intra_op_threads(threads):
-        return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc)
+        return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc,
+                             workers=cfg.workers)
 
 
 class PersonalizationExperiment(Experiment):
@@ -507,10 +565,11 @@ class AlphaExperiment(Experiment):
     config_class = AlphaConfig
 
     def estimate_wall_time(self, config: AlphaConfig, seeds: int) -> WallTimeEstimate:
-        # docs/reproduction.md: 12.0 s wall for 10 seeds, 80 rounds, 3 methods, the 6 α of the sweep
-        return linear_estimate(self.name, 12.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 80),
+        # docs/benchmarks.md (reproduction wall times): 6.4 s program wall for 10 seeds, 80 rounds, 3 methods,
+        # the 6 α of the sweep, workers=2
+        return linear_estimate(self.name, 6.4, {"seeds": (seeds, 10), "rounds": (config.rounds, 80),
                                                  "methods": (len(config.methods), len(METHODS)),
-                                                 "alphas": (len(config.alphas), len(ALPHAS))}, "docs/reproduction.md")
+                                                 "alphas": (len(config.alphas), len(ALPHAS))}, "docs/benchmarks.md")
 
     def run(self, config: AlphaConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, seed_list = config, _seed_list(seeds)
@@ -551,42 +610,52 @@ class AlphaExperiment(Experiment):
         plt = _pyplot()
         curves = _curves(output.records, by_alpha=True)
         last = max(r["round"] for r in output.records)
-        paths = []
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        # the two figures are independent: with workers > 1 the second is drawn in a forked child
+        figures = [functools.partial(_alpha_final_figure, plt, curves, last, out_dir),
+                   functools.partial(_alpha_rounds_figure, plt, curves, out_dir)]
+        return run_forked(figures, int(output.settings.get("workers", 1)))
+
+
+def _alpha_final_figure(plt, curves: dict, last: int, out_dir: Path) -> Path:
+    """Figure 1 (right): final F against α, mean ± std over seeds."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for m in METHODS:
+        alphas = sorted(a for (mm, a) in curves if mm == m)
+        if not alphas:
+            continue
+        finals = torch.stack([curves[(m, a)]["F"][-1] for a in alphas])  # [n_alpha, seeds]
+        mean, std = finals.mean(-1), finals.std(-1, unbiased=False)
+        ax.errorbar(alphas, mean, yerr=std, marker="o", capsize=3, color=COLORS[m], label=LABELS[m])
+        ax.fill_between(alphas, mean - std, mean + std, color=COLORS[m], alpha=0.15)
+    ax.set_xlabel("adaptation step size α")
+    ax.set_ylabel(f"exact F after K={last} rounds")
+    ax.set_title("Effect of α (fig. 1 right)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    return _save(fig, out_dir / "fig1_right_alpha.png")
+
+
+def _alpha_rounds_figure(plt, curves: dict, out_dir: Path) -> Path:
+    """F against rounds, one panel per α."""
+    alphas = sorted({a for (_, a) in curves})
+    cols = min(3, len(alphas))
+    rows = math.ceil(len(alphas) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
+    for i, alpha in enumerate(alphas):
+        ax = axes[i // cols][i % cols]
         for m in METHODS:
-            alphas = sorted(a for (mm, a) in curves if mm == m)
-            if not alphas:
-                continue
-            finals = torch.stack([curves[(m, a)]["F"][-1] for a in alphas])  # [n_alpha, seeds]
-            mean, std = finals.mean(-1), finals.std(-1, unbiased=False)
-            ax.errorbar(alphas, mean, yerr=std, marker="o", capsize=3, color=COLORS[m], label=LABELS[m])
-            ax.fill_between(alphas, mean - std, mean + std, color=COLORS[m], alpha=0.15)
-        ax.set_xlabel("adaptation step size α")
-        ax.set_ylabel(f"exact F after K={last} rounds")
-        ax.set_title("Effect of α (fig. 1 right)")
-        ax.legend(fontsize=8, loc="upper left")
+            if (m, alpha) in curves:
+                c = curves[(m, alpha)]
+                _band(ax, c["round"], c["F"], COLORS[m], LABELS[m])
+        ax.set_title(f"α = {alpha:g}", fontsize=10)
         ax.grid(alpha=0.3)
-        paths.append(_save(fig, out_dir / "fig1_right_alpha.png"))
-        alphas = sorted({a for (_, a) in curves})
-        cols = min(3, len(alphas))
-        rows = math.ceil(len(alphas) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
-        for i, alpha in enumerate(alphas):
-            ax = axes[i // cols][i % cols]
-            for m in METHODS:
-                if (m, alpha) in curves:
-                    c = curves[(m, alpha)]
-                    _band(ax, c["round"], c["F"], COLORS[m], LABELS[m])
-            ax.set_title(f"α = {alpha:g}", fontsize=10)
-            ax.grid(alpha=0.3)
-        for ax in axes[-1]:
-            ax.set_xlabel("communication round")
-        for row in axes:
-            row[0].set_ylabel("exact F")
-        axes[0][0].legend(fontsize=7, loc="lower right")
-        fig.suptitle("F against rounds for every α")
-        paths.append(_save(fig, out_dir / "alpha_rounds.png"))
-        return paths
+    for ax in axes[-1]:
+        ax.set_xlabel("communication round")
+    for row in axes:
+        row[0].set_ylabel("exact F")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("F against rounds for every α")
+    return _save(fig, out_dir / "alpha_rounds.png")
 
 
 # --- plotting helpers ---------------------------------------------------------------------------
