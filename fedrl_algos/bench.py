@@ -251,6 +251,7 @@ def bench_envs(
     min_time: float | None = None,
     seed: int = 0,
     show: bool = True,
+    kernels: str = "torch",
 ) -> list[EnvBenchRecord]:
     """Measure the federated env against the NumPy vector env and SyncVectorEnv; one record per family and size.
 
@@ -263,6 +264,7 @@ def bench_envs(
     :param min_time: seconds per timing (default 1.0, 0.05 if quick); step rates keep the fastest ~20 ms block
     :param seed: seed of the envs, the random actions and the policies
     :param show: print the table
+    :param kernels: what the native env's step kernel runs on, ``"torch"`` or ``"numpy"`` (``FederatedVecEnv(kernels=)``)
     """
     import gymnasium as gym
     import torch
@@ -286,7 +288,7 @@ def bench_envs(
             n_actions = int(family.action_space(family.train_tasks[0]).n)
             actions = _pre_drawn_actions(n_agents, n_envs, n_actions, device, seed)
             with _PeakMemory(device) as memory:
-                venv = FederatedVecEnv(env_id, n_envs, agents=agents, device=device, seed=seed)
+                venv = FederatedVecEnv(env_id, n_envs, agents=agents, device=device, seed=seed, kernels=kernels)
                 venv.reset()
                 for k in range(2 * (venv.horizon + 1)):  # warm-up through two autoresets
                     venv.step(actions[k % _ACTION_BLOCK])
@@ -395,6 +397,7 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
         quick=args.quick,
         sync_max_envs=args.sync_max_envs,
         seed=args.seed,
+        kernels=args.kernels,
     )
     finish_bench(args.json, records)
     return 0
@@ -412,6 +415,7 @@ def _add_envs_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes", type=positive_int, nargs="+", help="envs per agent (default 64 1024 16384)")
     p.add_argument("--quick", action="store_true", help="a short smoke run (size 64, tiny timings)")
     p.add_argument("--device", default="cpu", help="torch device of the federated env (cpu, cuda, ...)")
+    p.add_argument("--kernels", choices=["torch", "numpy"], default="torch", help="what the native env's step kernel runs on (numpy: CPU only)")
     p.add_argument("--agents", type=positive_int, default=8, help="number of agents (default 8)")
     p.add_argument("--sync-max-envs", type=positive_int, default=None, help="largest envs per agent timed under SyncVectorEnv")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")

@@ -50,6 +50,8 @@ class VectorBenchRecord:
     baseline_steps_per_s: dict[str, float | None]
     #: baseline name -> what was timed (e.g. the size SyncVectorEnv ran at) or why it is missing
     notes: dict[str, str]
+    #: what fedrl's step kernel ran on (``FederatedVecEnv(kernels=)``)
+    kernels: str = "torch"
 
     def ratio(self, baseline: str) -> float | None:
         """fedrl's steps/s over ``baseline``'s, or ``None`` when the baseline did not run."""
@@ -89,7 +91,7 @@ def _rate(step: Callable[[int], Any], n_envs: int, min_time: float, sync: Callab
     return block * n_envs / best
 
 
-def _fedrl_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: int) -> float:
+def _fedrl_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: int, kernels: str = "torch") -> float:
     import torch
 
     import fedrl_envs
@@ -98,7 +100,7 @@ def _fedrl_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: in
     family = fedrl_envs.get_family(env_id)
     n_agents = len(family.train_tasks)
     per_agent = max(n_envs // n_agents, 1)
-    venv = FederatedVecEnv(env_id, per_agent, agents=list(range(n_agents)), device=device, seed=seed)
+    venv = FederatedVecEnv(env_id, per_agent, agents=list(range(n_agents)), device=device, seed=seed, kernels=kernels)
     try:
         venv.reset()
         space = venv.single_action_space
@@ -187,6 +189,7 @@ def bench_vector(
     sync_max_envs: int = 1_000,
     seed: int = 0,
     show: bool = True,
+    kernels: str = "torch",
 ) -> list[VectorBenchRecord]:
     """Time fedrl's federated env against each installed baseline; one record per env and size.
 
@@ -199,6 +202,7 @@ def bench_vector(
     :param sync_max_envs: the largest size Gymnasium's SyncVectorEnv (Pendulum) is timed at
     :param seed: seed of the envs and of the random actions
     :param show: print the table
+    :param kernels: what fedrl's step kernel runs on, ``"torch"`` or ``"numpy"`` (``FederatedVecEnv(kernels=)``)
     """
     for env_id in env_ids:
         if env_id not in _GYMNASIUM_ID:
@@ -214,7 +218,7 @@ def bench_vector(
     records = []
     for env_id in env_ids:
         for n_envs in sizes:
-            fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed)
+            fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed, kernels)
             rates: dict[str, float | None] = {}
             notes: dict[str, str] = {}
             for name in baselines:
@@ -222,7 +226,7 @@ def bench_vector(
                     rates[name], notes[name] = runners[name](env_id, n_envs)
                 except ImportError as err:
                     rates[name], notes[name] = None, f"not installed ({err.name})"
-            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes))
+            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes, kernels))
     if show:
         print_vector_table(records)
     return records
@@ -232,6 +236,7 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
     """Print the records: steps/s of fedrl and each baseline, and fedrl's ratio to each."""
     import torch
 
+    kernels_note = f", {records[0].kernels} kernels" if records else ""
     names = list(dict.fromkeys(n for r in records for n in r.baseline_steps_per_s))
     header = ["env", "envs", "fedrl/s", *[f"{n}/s" for n in names], *[f"vs {n}" for n in names]]
     lines = [header]
@@ -252,7 +257,7 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
     notes = sorted({f"{r.env_id.split('/')[-1]} {n}: {note}" for r in records for n, note in r.notes.items()})
     print(f"env steps per second, random actions, autoreset; fedrl on {records[0].device if records else '-'} "
-          f"with {torch.get_num_threads()} torch threads; method: fedrl_algos/bench_vector.py")
+          f"with {torch.get_num_threads()} torch threads{kernels_note}; method: fedrl_algos/bench_vector.py")
     for note in notes:
         print(f"  {note}")
 
@@ -267,6 +272,7 @@ def _cmd(args: argparse.Namespace) -> int:
         device=args.device,
         min_time=0.05 if args.quick else args.min_time,
         seed=args.seed,
+        kernels=args.kernels,
     )
     finish_bench(args.json, records)
     return 0
@@ -284,6 +290,7 @@ def add_vector_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--envs", nargs="+", choices=["CartPole", "Pendulum"], default=["CartPole", "Pendulum"], help="families to time")
     p.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES), help="baselines to time (missing ones are reported)")
     p.add_argument("--device", default="cpu", help="torch device of fedrl's env")
+    p.add_argument("--kernels", choices=["torch", "numpy"], default="torch", help="what fedrl's step kernel runs on (numpy: CPU only)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds per timing (default 1)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1000 envs, tiny timings")

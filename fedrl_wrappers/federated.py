@@ -182,6 +182,7 @@ class _Arguments:
     stream_ids: Sequence[int] | None
     vectorization_mode: str | None
     array_type: str
+    kernels: str
 
 
 class FederatedVecEnv(VectorEnv, ABC):
@@ -215,6 +216,10 @@ class FederatedVecEnv(VectorEnv, ABC):
     :param array_type: ``"torch"`` (default): observations, rewards, flags and infos are torch
         tensors on ``device``; ``"numpy"``: NumPy arrays (observations in the observation space's
         dtype, rewards ``float32``, flags ``bool``), for NumPy libraries; actions may be either
+    :param kernels: native backend only: ``"torch"`` (default) or ``"numpy"``, what the family's
+        step kernel runs on (:class:`fedrl_envs.FamilyVectorEnv`'s ``kernels``: NumPy on the CPU
+        is faster; bitwise the same transitions for the gridworld and arc navigation, one float32
+        ulp apart where NumPy and torch round ``sin``/``cos`` differently for CartPole and Pendulum)
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -253,6 +258,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         stream_ids: Sequence[int] | None = None,
         vectorization_mode: str | None = None,
         array_type: str = "torch",
+        kernels: str = "torch",
     ) -> None:
         # One signature and one set of argument checks for both backends; each builds in _build.
         if not isinstance(autoreset, bool):
@@ -273,6 +279,7 @@ class FederatedVecEnv(VectorEnv, ABC):
                 stream_ids=stream_ids,
                 vectorization_mode=vectorization_mode,
                 array_type=check_array_type(array_type),
+                kernels=kernels,
             )
         )
 
@@ -501,7 +508,11 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
             seed=args.seed,
             autoreset=args.autoreset,
             array_type=args.array_type,
+            kernels=args.kernels,
         )
+
+    def _subset_kwargs(self) -> dict[str, Any]:
+        return {"kernels": self.kernels}
 
     def _make_streams(self, seed: int | None) -> fedrl_envs.RandomStreams:
         self._seed = seed_from_entropy() if seed is None else seed
@@ -590,6 +601,11 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             )
         if env_id not in gym.registry:
             raise ValueError(f"env_id {env_id!r} is not a registered Gymnasium environment")
+        if args.kernels != "torch":
+            raise ValueError(
+                f"kernels is for fedrl's native families (their step kernel runs on torch or NumPy); {env_id} steps "
+                f'its own Gymnasium envs, got kernels={args.kernels!r}'
+            )
         if vectorization_mode is None:
             vectorization_mode = "sync"
         if vectorization_mode not in ("sync", "async"):
