@@ -32,6 +32,7 @@ from fedrl_envs.rng import (
     derive_keys,
     seed_from_entropy,
     uniform32_of_finalizer_input,
+    uniform32_of_finalizer_input_numpy,
 )
 
 __all__ = [
@@ -763,14 +764,18 @@ class FamilyVectorEnv(VectorEnv):
         """The family's step kernel on torch tensors, or on NumPy views of them (``kernels="numpy"``)."""
         if self.kernels == "torch":
             return self.family.step(state, action, self.params)
-        params = getattr(self, "_numpy_params", None)
-        if params is None:
-            # views of the batch's parameter tensors (which are never written in place)
-            params = dataclasses.replace(self.params, **{n: getattr(self.params, n).numpy() for n in _tensor_fields(self.params)})
-            self._numpy_params = params
+        params = self._numpy_kernel_params()
         with numpy_batch():
             out = self.family.step(state.numpy(), action.numpy(), params)
         return tuple(torch.from_numpy(np.asarray(x)) for x in out)  # type: ignore[return-value]
+
+    def _numpy_kernel_params(self) -> Any:
+        """The batch's task parameters as NumPy views (the tensors are never written in place)."""
+        params = getattr(self, "_numpy_params", None)
+        if params is None:
+            params = dataclasses.replace(self.params, **{n: getattr(self.params, n).numpy() for n in _tensor_fields(self.params)})
+            self._numpy_params = params
+        return params
 
     def _observe(self, state: torch.Tensor) -> torch.Tensor:
         """Observations that never alias the internal state (callers may write into them), C-contiguous."""
@@ -924,6 +929,8 @@ class FamilyVectorEnv(VectorEnv):
         if self._state is None:
             raise RuntimeError("call reset() before step()")
         action_t = self._as_action_tensor(actions)
+        if self.kernels == "numpy" and self.autoreset:
+            return self._step_numpy(action_t)
         next_state, reward, terminated = self._kernel_step(self._state, action_t)
         t = self._t + 1
         if self.horizon is None:
@@ -958,6 +965,59 @@ class FamilyVectorEnv(VectorEnv):
         self._state = next_state
         self._t = t
         return obs, reward, terminated, truncated, info
+
+    def _step_numpy(
+        self, action_t: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """:meth:`_step_tensors` with ``kernels="numpy"``: the kernel, the time limit and the reset
+        rows' draw on NumPy views (the same numbers as the torch bookkeeping; see ``kernels``)."""
+        assert self._state is not None
+        next_state, reward, terminated = self._kernel_step(self._state, action_t)
+        t_np = self._t.numpy() + 1
+        term_np = terminated.numpy()
+        trunc_np = np.zeros_like(term_np) if self.horizon is None else t_np >= self.horizon + 1
+        done_np = term_np | trunc_np
+        truncated, done = torch.from_numpy(trunc_np), None
+        obs = self._observe(next_state)
+        info: dict[str, Any] = {}
+        rows_np = np.flatnonzero(done_np)
+        if rows_np.size:
+            done = torch.from_numpy(done_np)
+            info = {"final_obs": obs, "_final_obs": done, "final_info": {}, "_final_info": done}
+            t_np[done_np] = 0
+            if rows_np.size == self.num_envs:
+                next_state = self._draw_reset_states()
+                obs = self._observe(next_state)
+            else:
+                fresh, fresh_obs = self._draw_reset_rows_numpy(rows_np)
+                if next_state.data_ptr() == self._state.data_ptr():
+                    next_state = next_state.clone()
+                next_state.numpy()[rows_np] = fresh
+                obs = obs.index_copy(0, torch.from_numpy(rows_np), torch.from_numpy(np.asarray(fresh_obs, dtype=obs.numpy().dtype)))
+        self._state = next_state
+        self._t = torch.from_numpy(t_np)
+        return obs, reward, terminated, truncated, info
+
+    def _draw_reset_rows_numpy(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_draw_reset_rows` on NumPy: the rows' initial states and observations; advances the streams."""
+        row_agent, bases = self._reset_word_bases()
+        agent = row_agent.numpy()[rows]
+        counters = self.streams.counters.numpy()
+        golden = np.uint64(_GOLDEN % 2**64)
+        words = bases.numpy().view(np.uint64)[rows] + (counters.view(np.uint64) * golden)[agent][:, None]
+        noise = uniform32_of_finalizer_input_numpy(words)
+        step = np.zeros_like(counters)
+        step[agent] = self.n_envs * self.family.reset_noise_dim
+        self.streams.counters = torch.from_numpy(counters + step)
+        params = self._numpy_kernel_params()
+        row_params = (
+            dataclasses.replace(params, **{n: np.take(getattr(params, n), rows, axis=0) for n in _tensor_fields(self.params)})
+            if self.family.reset_reads_params
+            else None
+        )
+        with numpy_batch():
+            fresh = self.family.reset(row_params, noise)
+            return fresh, self.family.observe(fresh, row_params)
 
     def close_extras(self, **kwargs: Any) -> None:
         self._state = None

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "uniform32_of_finalizer_input", "derive_keys", "seed_from_entropy", "words_to_uniform"]
+__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "uniform32_of_finalizer_input", "uniform32_of_finalizer_input_numpy", "derive_keys", "seed_from_entropy", "words_to_uniform"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -66,6 +66,19 @@ def uniform32_of_mix64(x: torch.Tensor) -> torch.Tensor:
     ``x ^ (x >>> 31)``, changes only the low 33: so it is skipped.
     """
     return uniform32_of_finalizer_input(x + _GOLDEN)
+
+
+def uniform32_of_finalizer_input_numpy(x: np.ndarray) -> np.ndarray:
+    """:func:`uniform32_of_finalizer_input` on a NumPy ``uint64`` array (the same bits; ``x`` is overwritten).
+
+    NumPy's unsigned shifts are logical and its array arithmetic wraps modulo 2**64, as the int64
+    tensor version's masked shifts and wrapping products do.
+    """
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(_MUL1 % 2**64)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(_MUL2 % 2**64)
+    return (x >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
 
 
 def uniform32_of_finalizer_input(x: torch.Tensor) -> torch.Tensor:
