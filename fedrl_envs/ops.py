@@ -192,22 +192,16 @@ class NumpyOneOps:
         return x
 
 
-class NumpyBatchOps:
+class NumpyBatchOps(NumpyOneOps):
     """Kernel operations on a flat NumPy batch ``[N, ...]``: the CPU vector env's ``kernels="numpy"``.
 
     The same operations as :class:`TorchOps`, on NumPy arrays (a NumPy operation costs about a
     microsecond where a torch one costs two to three). Kernels see this namespace only inside
-    :func:`numpy_batch`; elsewhere a NumPy input is one environment (:class:`NumpyOneOps`).
+    :func:`numpy_batch`; elsewhere a NumPy input is one environment (:class:`NumpyOneOps`, whose
+    dtypes, ufuncs, tables and devices this namespace shares; what differs is what a batch needs).
     """
 
-    float32 = np.float32
-    float64 = np.float64
-    int64 = np.int64
-    bool = np.bool_
     where = staticmethod(np.where)
-    sin = staticmethod(np.sin)
-    cos = staticmethod(np.cos)
-    remainder = staticmethod(np.remainder)
 
     @staticmethod
     def unbind(x: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -247,14 +241,6 @@ class NumpyBatchOps:
         """Rows of ``table`` ``[K, ...]`` at integer ``index`` ``[...]`` (``np.take``: faster than fancy indexing)."""
         return np.take(table, index, axis=0)
 
-    @staticmethod
-    def table(build: Callable[..., torch.Tensor], *key: Any, like: Any) -> np.ndarray:
-        """``build(*key, cpu)`` as a NumPy array, converted once per key (the values of the torch table)."""
-        return _numpy_table(build, key)
-
-    @staticmethod
-    def to_device(x: Any, like: Any) -> Any:
-        return x
 
 
 #: the batched torch namespace

@@ -21,7 +21,6 @@ from fedrl_algos.core.curvature import (
 )
 from fedrl_algos.core.estimators import discounted_rewards_to_go
 from fedrl_algos.curvature_stats import curvature_estimator_stats
-from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_algos.reproduce.cli import _estimator_list, _int_list
@@ -29,21 +28,6 @@ from fedrl_algos.reproduce.neural import CurvatureConfig, MetaSweep, arc_policy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
 
 GAMMA = 0.9
-
-
-@pytest.fixture(scope="module")
-def tabular():
-    return TabularPolicy(gym.spaces.Discrete(25), gym.spaces.Discrete(4), dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
-def grid_params():
-    return stack_params(GRIDWORLD.train_tasks)
-
-
-@pytest.fixture(scope="module")
-def evaluator():
-    return TabularEvaluator("fedrl/GridWorld-v0", gamma=GAMMA)
 
 
 def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:

@@ -16,27 +16,11 @@ from fedrl_algos.core import (
     reward_to_go_weights,
     rollout,
 )
-from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
-from fedrl_algos.policies import MlpPolicy, TabularPolicy
+from fedrl_algos.policies import MlpPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
 
 GAMMA = 0.9
-
-
-@pytest.fixture(scope="module")
-def tabular():
-    return TabularPolicy(gym.spaces.Discrete(25), gym.spaces.Discrete(4), dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
-def grid_params():
-    return stack_params(GRIDWORLD.train_tasks)
-
-
-@pytest.fixture(scope="module")
-def evaluator():
-    return TabularEvaluator("fedrl/GridWorld-v0", gamma=GAMMA)
 
 
 def _theta(n_agents: int, scale: float = 0.5, seed: int = 0) -> torch.Tensor:

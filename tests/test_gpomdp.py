@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import gymnasium as gym
 import pytest
 import torch
 
@@ -22,20 +21,10 @@ from fedrl_algos.core.gpomdp import (
     time_baseline,
 )
 from fedrl_algos.exact import TabularEvaluator
-from fedrl_algos.policies import MlpPolicy, TabularPolicy
+from fedrl_algos.policies import MlpPolicy
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
 
 GAMMA = 0.9
-
-
-@pytest.fixture(scope="module")
-def tabular():
-    return TabularPolicy(gym.spaces.Discrete(25), gym.spaces.Discrete(4), dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
-def grid_params():
-    return stack_params(GRIDWORLD.train_tasks)
 
 
 def _theta(n: int, scale: float = 0.3, seed: int = 0) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import gymnasium as gym
 import pytest
 import torch
 
@@ -26,15 +25,9 @@ from fedrl_algos.core import (
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.fedpg_br import byzantine_filter, filter_threshold, filtered_mean, geometric_inner_steps
 from fedrl_algos.fedpg_br.update import _median_ball
-from fedrl_algos.policies import TabularPolicy
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params
 
 GAMMA = 0.9
-
-
-@pytest.fixture(scope="module")
-def tabular():
-    return TabularPolicy(gym.spaces.Discrete(25), gym.spaces.Discrete(4), dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")
