@@ -929,8 +929,6 @@ class FamilyVectorEnv(VectorEnv):
         if self._state is None:
             raise RuntimeError("call reset() before step()")
         action_t = self._as_action_tensor(actions)
-        if self.kernels == "numpy" and self.autoreset:
-            return self._step_numpy(action_t)
         next_state, reward, terminated = self._kernel_step(self._state, action_t)
         t = self._t + 1
         if self.horizon is None:
@@ -957,46 +955,23 @@ class FamilyVectorEnv(VectorEnv):
                 else:
                     # Only the rows that reset are drawn, reset and observed (a few per step), not
                     # the batch; the kernel's output is written in place unless it is the old state.
-                    fresh, fresh_params = self._draw_reset_rows(rows)
+                    fresh, fresh_obs = self._fresh_rows(rows)
                     if next_state.data_ptr() == self._state.data_ptr():
                         next_state = next_state.clone()
                     next_state.index_copy_(0, rows, fresh.to(next_state.dtype))
-                    obs = obs.index_copy(0, rows, self.family.observe(fresh, fresh_params).to(obs.dtype))
+                    obs = obs.index_copy(0, rows, fresh_obs.to(obs.dtype))
         self._state = next_state
         self._t = t
         return obs, reward, terminated, truncated, info
 
-    def _step_numpy(
-        self, action_t: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """:meth:`_step_tensors` with ``kernels="numpy"``: the kernel, the time limit and the reset
-        rows' draw on NumPy views (the same numbers as the torch bookkeeping; see ``kernels``)."""
-        assert self._state is not None
-        next_state, reward, terminated = self._kernel_step(self._state, action_t)
-        t_np = self._t.numpy() + 1
-        term_np = terminated.numpy()
-        trunc_np = np.zeros_like(term_np) if self.horizon is None else t_np >= self.horizon + 1
-        done_np = term_np | trunc_np
-        truncated, done = torch.from_numpy(trunc_np), None
-        obs = self._observe(next_state)
-        info: dict[str, Any] = {}
-        rows_np = np.flatnonzero(done_np)
-        if rows_np.size:
-            done = torch.from_numpy(done_np)
-            info = {"final_obs": obs, "_final_obs": done, "final_info": {}, "_final_info": done}
-            t_np[done_np] = 0
-            if rows_np.size == self.num_envs:
-                next_state = self._draw_reset_states()
-                obs = self._observe(next_state)
-            else:
-                fresh, fresh_obs = self._draw_reset_rows_numpy(rows_np)
-                if next_state.data_ptr() == self._state.data_ptr():
-                    next_state = next_state.clone()
-                next_state.numpy()[rows_np] = fresh
-                obs = obs.index_copy(0, torch.from_numpy(rows_np), torch.from_numpy(np.asarray(fresh_obs, dtype=obs.numpy().dtype)))
-        self._state = next_state
-        self._t = torch.from_numpy(t_np)
-        return obs, reward, terminated, truncated, info
+    def _fresh_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Initial states and observations of the rows ``rows`` (advancing the streams), drawn by the
+        torch code or, with ``kernels="numpy"``, by its NumPy twin (the same bits)."""
+        if self.kernels == "numpy":
+            fresh, fresh_obs = self._draw_reset_rows_numpy(rows.numpy())
+            return torch.from_numpy(np.asarray(fresh)), torch.from_numpy(np.asarray(fresh_obs))
+        fresh, params = self._draw_reset_rows(rows)
+        return fresh, self.family.observe(fresh, params)
 
     def _draw_reset_rows_numpy(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_draw_reset_rows` on NumPy: the rows' initial states and observations; advances the streams."""
