@@ -771,7 +771,10 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             raise RuntimeError("call reset() before step()")
         arr = self._as_action_array(actions)  # all checks pass before any agent steps
         per_agent = arr.reshape(self.n_agents, self.n_envs, *arr.shape[1:])
-        results = [venv.step(per_agent[i]) for i, venv in enumerate(self._venvs)]
+        idle = self._idle_agents()
+        results = [
+            self._idle_step(i) if idle[i] else venv.step(per_agent[i]) for i, venv in enumerate(self._venvs)
+        ]
         self._elapsed += 1
         obs = self._to_tensor([r[0] for r in results])
         reward = self._to_tensor([np.asarray(r[1]) for r in results], torch.float32)
@@ -800,6 +803,28 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         if not self.autoreset:
             obs, reward, terminated = self._pad_finished(obs, reward, terminated)
         return obs, reward, terminated, truncated, info
+
+    def _idle_agents(self) -> list[bool]:
+        """Fixed-horizon mode: the agents all of whose episodes of this block have terminated.
+
+        Their steps until the next reset are padding (the last observation, reward 0, terminated),
+        so their vector envs are not stepped: a MuJoCo agent whose hoppers have all fallen costs
+        nothing more. Whether an agent idles depends on its own episodes only.
+        """
+        finished = self._finished
+        if self.autoreset or finished is None:
+            return [False] * self.n_agents
+        flags = finished if isinstance(finished, np.ndarray) else finished.cpu().numpy()
+        return flags.reshape(self.n_agents, self.n_envs).all(-1).tolist()
+
+    def _idle_step(self, agent: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """What stands in for an idle agent's step: its frozen observations (the padding replaces
+        them, the reward and the flags anyway), no info."""
+        rows = slice(agent * self.n_envs, (agent + 1) * self.n_envs)
+        frozen = self._frozen_obs[rows]
+        obs = frozen if isinstance(frozen, np.ndarray) else frozen.cpu().numpy()
+        n = self.n_envs
+        return obs, np.zeros(n, dtype=np.float32), np.ones(n, dtype=bool), np.zeros(n, dtype=bool), {}
 
     def close_extras(self, **kwargs: Any) -> None:
         for venv in self._venvs:

@@ -349,6 +349,42 @@ def test_generic_fixed_horizon_pads_after_termination():
             assert abs(float(frozen[0, 0])) > 2.4 or abs(float(frozen[0, 2])) > 12 * 2 * math.pi / 360
 
 
+@pytest.mark.parametrize("array_type", ["torch", "numpy"])
+def test_generic_fixed_horizon_stops_stepping_an_agent_whose_episodes_all_ended(monkeypatch, array_type):
+    # Agent 0 pushes right every step (topples in ~10 steps), agent 1 alternates (up for 40 steps).
+    def policy(obs):
+        step = policy.calls
+        policy.calls += 1
+        return torch.stack([torch.ones(3, dtype=torch.long), torch.full((3,), step % 2)])
+
+    def run(skip_idle: bool):
+        venv = FederatedVecEnv("CartPole-v1", 3, agent_kwargs=[{}, {"sutton_barto_reward": True}], seed=0, autoreset=False,
+                               array_type=array_type)
+        if not skip_idle:
+            monkeypatch.setattr(venv, "_idle_agents", lambda: [False] * venv.n_agents)
+        steps = [0, 0]
+        for i, agent_env in enumerate(venv.agent_envs):
+            inner = agent_env.step
+
+            def counted(actions, i=i, inner=inner):
+                steps[i] += 1
+                return inner(actions)
+
+            agent_env.step = counted
+        policy.calls = 0
+        return venv.rollout(policy, n_steps=40), steps
+
+    skipped, steps = run(True)
+    stepped, all_steps = run(False)
+    for name in ("observations", "actions", "rewards", "terminated", "truncated", "last_observations"):
+        a, b = getattr(skipped, name), getattr(stepped, name)
+        assert (np.array_equal(a, b) if array_type == "numpy" else torch.equal(a, b)), name
+    lengths = np.asarray(skipped.alive.sum(-1))
+    assert lengths[0].max() < 40 and lengths[1].max() == 40
+    # the toppled agent's vector env is stepped until its last episode ends, never after
+    assert steps == [int(lengths[0].max()), 40] and all_steps == [40, 40]
+
+
 def test_native_fixed_horizon_pads_after_termination():
     if "fedrl/CartPole-v0" not in fedrl_envs.FAMILIES:
         pytest.skip("no native family with early termination registered")

@@ -602,3 +602,261 @@ def test_adam_defaults_are_torchs_and_shape_errors_name_the_tensors():
     assert check_server_optimizer("opt", "sgd") == "sgd"
     with pytest.raises(ValueError, match=r"^opt must be one of \('sgd', 'adam'\), got 'Adam'$"):
         check_server_optimizer("opt", "Adam")
+
+
+# ---------------------------------------------------------------------------------------------
+# device routing, on PyTorch's meta device: tensors without data, on which any operation that
+# mixes them with CPU tensors raises. A dropped or ``None`` ``device=`` (observable on a GPU
+# only, otherwise) leaves a tensor on the CPU, so these tests catch it on a CPU-only machine.
+# Only shapes, dtypes and devices can be checked on meta tensors; the values are the other tests'.
+
+META = torch.device("meta")
+
+
+def test_normalizer_statistics_live_on_its_device():
+    norm = ObservationNormalizer((3,), device="meta")
+    assert {t.device for t in (norm.mean, norm.var, norm.count, *norm._pending)} == {META}
+    # raw observations from the CPU are moved to the statistics' device before they are summed
+    norm.accumulate(torch.ones(4, 2, 3), torch.ones(4, 2))
+    assert [t.device for t in norm._pending] == [META] * 3 and [tuple(t.shape) for t in norm._pending] == [(), (3,), (3,)]
+    # a saved state from the CPU is loaded onto the statistics' device
+    norm.load_state_dict(ObservationNormalizer((3,)).state_dict())
+    assert {t.device for t in (norm.mean, norm.var, norm.count)} == {META}
+    assert {t.dtype for t in (norm.mean, norm.var, norm.count)} == {torch.float64}
+
+
+def test_normalize_moves_the_statistics_to_the_observations_device():
+    norm = ObservationNormalizer((3,))  # statistics on the CPU, observations elsewhere
+    out = norm.normalize(torch.zeros(5, 3, device="meta"), torch.float32)
+    assert out.device == META and out.dtype == torch.float32 and tuple(out.shape) == (5, 3)
+
+
+def test_validity_masks_are_on_the_servers_device():
+    like = torch.zeros(3, device="meta")
+    check = validate_updates([torch.zeros(2), torch.zeros(4)], like, "parameters")  # both of the wrong shape
+    assert check.valid.device == META and tuple(check.valid.shape) == (2,)
+    batched = validate_updates(torch.zeros(2, 4, 5), torch.zeros(2, 3, device="meta"), "parameters")  # d = 5, not 3
+    assert batched.valid.device == META and tuple(batched.valid.shape) == (2, 4)
+
+
+def test_adam_and_control_variate_states_are_made_on_the_parameters_device():
+    state = AdamState.zeros_like(torch.zeros(2, 3, device="meta", dtype=torch.float64))
+    assert {t.device for t in state} == {META} and state.step.dtype == torch.float64 and tuple(state.step.shape) == (2,)
+    controls = ControlVariates.zeros(2, 3, 4, torch.float64, device="meta")
+    assert (controls.server.device, controls.agents.device) == (META, META)
+    assert (tuple(controls.server.shape), tuple(controls.agents.shape)) == ((2, 4), (2, 3, 4))
+
+
+def test_rewards_to_go_are_computed_on_the_rewards_device():
+    from fedrl_algos.core.estimators import discounted_rewards_to_go
+
+    out = discounted_rewards_to_go(torch.zeros(2, 5, device="meta", dtype=torch.float64), 0.9)
+    assert out.device == META and out.dtype == torch.float64 and tuple(out.shape) == (2, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPOMDP / REINFORCE weights, the estimators' baseline arguments, importance weights: against
+# loops over plain Python floats.
+
+from fedrl_algos.core import gpomdp as gp  # noqa: E402
+
+
+def _episodes(batch=(2,), m=3, steps=4, n_states=3, n_actions=2, seed=11) -> tuple[TabularPolicy, Trajectories]:
+    """A tabular policy and trajectories with early terminations (padded steps: random actions)."""
+    g = torch.Generator().manual_seed(seed)
+    terminated = torch.rand(*batch, m, steps, generator=g) < 0.3
+    from fedrl_envs.core import alive_mask
+
+    mask = alive_mask(terminated).to(torch.float64)
+    rewards = torch.randn(*batch, m, steps, generator=g, dtype=torch.float64) * mask
+    obs = torch.randint(0, n_states, (*batch, m, steps), generator=g)
+    actions = torch.randint(0, n_actions, (*batch, m, steps), generator=g)
+    policy = TabularPolicy(gym.spaces.Discrete(n_states), gym.spaces.Discrete(n_actions), dtype=torch.float64)
+    return policy, Trajectories(obs, actions, rewards, mask)
+
+
+def _loop_weights(traj: Trajectories, gamma: float, estimator: str, baseline) -> torch.Tensor:
+    """ψ by loops: reward-to-go (GPOMDP) or return (REINFORCE) minus the running trajectories' baseline."""
+    rewards, mask = traj.rewards.reshape(-1, *traj.rewards.shape[-2:]).tolist(), traj.mask.reshape(-1, *traj.mask.shape[-2:]).tolist()
+    out = []
+    for row_r, row_m in zip(rewards, mask, strict=True):
+        m, steps = len(row_r), len(row_r[0])
+        rtg = [[sum(gamma**t * row_r[j][t] * row_m[j][t] for t in range(h, steps)) for h in range(steps)] for j in range(m)]
+        value = rtg if estimator == "gpomdp" else [[rtg[j][0]] * steps for j in range(m)]
+        row = []
+        for j in range(m):
+            psi = []
+            for h in range(steps):
+                # REINFORCE's baseline is over all trajectories (every one runs at h = 0)
+                running = [k for k in range(m) if estimator == "reinforce" or row_m[k][h] > 0]
+                if baseline is None:
+                    b = 0.0
+                else:
+                    others = [k for k in running if not (baseline == "loo" and k == j)]
+                    b = sum(value[k][h] for k in others) / len(others) if others else 0.0
+                psi.append((value[j][h] - b) * row_m[j][h])
+            row.append(psi)
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float64).reshape(traj.rewards.shape)
+
+
+def test_step_weights_of_every_estimator_and_baseline_and_their_defaults():
+    _, traj = _episodes()
+    for estimator in gp.ESTIMATORS:
+        for baseline in gp.BASELINES:
+            expected = _loop_weights(traj, 0.8, estimator, baseline)
+            assert torch.allclose(gp.step_weights(traj, 0.8, estimator, baseline), expected, rtol=0, atol=1e-12), (estimator, baseline)
+    loo_gpomdp = _loop_weights(traj, 0.8, "gpomdp", "loo")
+    assert torch.allclose(gp.step_weights(traj, 0.8), loo_gpomdp, rtol=0, atol=1e-12)  # defaults: GPOMDP, leave-one-out
+    assert torch.allclose(gp.gpomdp_weights(traj, 0.8), loo_gpomdp, rtol=0, atol=1e-12)
+    assert torch.allclose(gp.reinforce_weights(traj, 0.8), _loop_weights(traj, 0.8, "reinforce", "loo"), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^estimator must be one of \('gpomdp', 'reinforce'\), got 'GPOMDP'$"):
+        gp.step_weights(traj, 0.8, "GPOMDP")
+
+
+def test_gpomdp_and_reinforce_estimates_use_the_baseline_they_are_given():
+    policy, traj = _episodes()
+    theta = torch.randn(2, policy.n_params, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for baseline in gp.BASELINES:
+        for estimate, name in ((gp.gpomdp, "gpomdp"), (gp.reinforce, "reinforce")):
+            expected = policy.score_gradient(theta, traj, _loop_weights(traj, 0.8, name, baseline))
+            assert torch.allclose(estimate(policy, theta, traj, 0.8, baseline), expected, rtol=0, atol=1e-12), (name, baseline)
+    assert torch.allclose(gp.reinforce(policy, theta, traj, 0.8), gp.reinforce(policy, theta, traj, 0.8, "loo"), rtol=0, atol=0)
+
+
+def test_normalize_step_weights_divides_by_each_rows_standard_deviation():
+    psi = torch.tensor([[[1.0, 3.0, 9.0], [2.0, 4.0, 0.0]],        # row 0: five running steps
+                        [[5.0, 0.0, 0.0], [0.0, 0.0, 0.0]],        # row 1: one running step (count 1)
+                        [[-2.0, 7.0, 1.0], [4.0, 4.0, 6.0]]], dtype=torch.float64)
+    mask = torch.tensor([[[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]],
+                         [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+                         [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]], dtype=torch.float64)
+    for eps in (1e-8, 0.5):
+        expected = []
+        for row_psi, row_mask in zip(psi.tolist(), mask.tolist(), strict=True):
+            running = [p for ps, ms in zip(row_psi, row_mask, strict=True) for p, k in zip(ps, ms, strict=True) if k > 0]
+            mean = sum(running) / len(running)
+            std = math.sqrt(sum((p - mean) ** 2 for p in running) / len(running))
+            expected.append([[p / (std + eps) for p in ps] for ps in row_psi])
+        out = gp.normalize_step_weights(psi, mask, eps)
+        assert torch.allclose(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0), eps
+    assert torch.equal(gp.normalize_step_weights(psi, mask), gp.normalize_step_weights(psi, mask, 1e-8))
+
+
+def test_per_trajectory_score_terms_carry_the_trajectory_weights():
+    policy, traj = _episodes()
+    theta = torch.randn(2, policy.n_params, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    psi = _loop_weights(traj, 0.8, "gpomdp", "loo")
+    c = torch.tensor([[0.5, 2.0, -1.0], [3.0, 0.25, 1.5]], dtype=torch.float64)
+    plain = gp.score_gradient(policy, theta, traj, psi, per_trajectory=True)  # [2, m, d]
+    weighted = gp.score_gradient(policy, theta, traj, psi, c, per_trajectory=True)
+    assert torch.allclose(weighted, c.unsqueeze(-1) * plain, rtol=1e-13, atol=1e-15)
+    assert torch.allclose(gp.score_gradient(policy, theta, traj, psi, c), (c.unsqueeze(-1) * plain).mean(-2), rtol=1e-12, atol=1e-15)
+
+
+def test_importance_weight_caps_are_exact_at_their_boundaries():
+    big = torch.finfo(torch.float64).max
+    w, clipped = gp.importance_weights(torch.tensor([[0.0, 1e6, -3.0]], dtype=torch.float64))
+    assert clipped.tolist() == [[False, True, False]]
+    assert w[0, 1].item() == math.exp(math.log(big) - 1.0) and w[0, 0].item() == 1.0 and w[0, 2].item() == math.exp(-3.0)
+    cap = math.log(2.0)
+    w, clipped = gp.importance_weights(torch.tensor([[cap, cap + 1e-9, 0.0]], dtype=torch.float64), max_weight=2.0)
+    assert clipped.tolist() == [[False, True, False]]  # a weight equal to the cap is not truncated
+    assert w.tolist() == [[math.exp(cap), math.exp(cap), 1.0]]
+
+
+def test_self_normalized_weights_average_to_one_over_the_trajectory_axis_of_any_batch():
+    log_w = torch.tensor([[[0.0, 1.0, 2.0], [-1.0, 0.5, 3.0]], [[4.0, 4.0, 0.0], [0.0, 0.0, 0.0]]], dtype=torch.float64)  # [2, 2, m=3]
+    w, clipped = gp.importance_weights(log_w, self_normalize=True)
+    expected = [[[3 * math.exp(x) / sum(math.exp(y) for y in row) for x in row] for row in block] for block in log_w.tolist()]
+    assert torch.allclose(w, torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=0)
+    assert not clipped.any()
+
+
+def test_paired_importance_weights_count_only_the_running_steps():
+    policy, traj = _episodes(seed=12)
+    g = torch.Generator().manual_seed(6)
+    theta = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    theta_prev = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    psi = _loop_weights(traj, 0.8, "gpomdp", None)
+    assert (traj.mask == 0).any()
+    _, _, w, clipped = gp.paired_gradients(policy, theta, theta_prev, traj, psi)
+    probs_now = torch.softmax(theta.reshape(2, 3, 2), -1)
+    probs_prev = torch.softmax(theta_prev.reshape(2, 3, 2), -1)
+    expected = []
+    for b in range(2):
+        row = []
+        for j in range(3):
+            log_w = sum(
+                math.log(probs_prev[b, s, a]) - math.log(probs_now[b, s, a])
+                for s, a, k in zip(traj.obs[b, j].tolist(), traj.actions[b, j].tolist(), traj.mask[b, j].tolist(), strict=True)
+                if k > 0
+            )
+            row.append(math.exp(log_w))
+        expected.append(row)
+    assert torch.allclose(w, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0) and not clipped.any()
+
+
+def test_time_baseline_defaults_to_leave_one_out():
+    _, traj = _episodes()
+    values = torch.randn(traj.mask.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    assert torch.equal(gp.time_baseline(values, traj.mask), gp.time_baseline(values, traj.mask, "loo"))
+    assert not torch.allclose(gp.time_baseline(values, traj.mask), gp.time_baseline(values, traj.mask, "mean"))
+
+
+def test_score_function_gradient_checks_m_and_normalizes_over_the_running_steps():
+    policy, traj = _episodes()
+    theta = torch.randn(2, policy.n_params, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    one = gp.ScoreFunctionGradient(policy, 0.8, 1)  # a single trajectory is a valid batch
+    assert one.trajectories_per_step == 1 and one.m == 1
+    for bad in (0, -2, 1.0, True):
+        with pytest.raises(ValueError, match=rf"^m must be an int >= 1, got {bad!r}$"):
+            gp.ScoreFunctionGradient(policy, 0.8, bad)
+    estimator = gp.ScoreFunctionGradient(policy, 0.8, 3, "reinforce", "mean", normalize_advantage=True)
+    psi = _loop_weights(traj, 0.8, "reinforce", "mean")
+    assert torch.allclose(estimator.weights(traj), gp.normalize_step_weights(psi, traj.mask), rtol=1e-14, atol=0)
+    # the standard deviation is over the running steps only: not over every step of the block
+    assert not torch.allclose(estimator.weights(traj), gp.normalize_step_weights(psi, torch.ones_like(traj.mask)))
+    assert torch.allclose(estimator(lambda th, m: traj, theta), policy.score_gradient(theta, traj, estimator.weights(traj)), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the trajectory batch and its checks
+
+
+def test_trajectory_returns_are_the_discounted_sums_of_the_running_steps():
+    _, traj = _episodes(batch=(2, 2), m=3, steps=5, seed=13)
+    for gamma in (None, 0.5, 0.9):
+        expected = [
+            sum((1.0 if gamma is None else gamma) ** t * r * k for t, (r, k) in enumerate(zip(rs, ks, strict=True)))
+            for rs, ks in zip(traj.rewards.reshape(-1, 5).tolist(), traj.mask.reshape(-1, 5).tolist(), strict=True)
+        ]
+        out = traj.returns() if gamma is None else traj.returns(gamma)
+        assert out.dtype == torch.float64 and tuple(out.shape) == (2, 2, 3)
+        assert torch.allclose(out.reshape(-1), torch.tensor(expected, dtype=torch.float64), rtol=1e-14, atol=1e-15), gamma
+    on_meta = Trajectories(traj.obs, traj.actions, traj.rewards.to("meta"), traj.mask.to("meta")).returns(0.9)
+    assert on_meta.device == META and tuple(on_meta.shape) == (2, 2, 3)
+
+
+def test_rollout_batch_checks_name_what_they_expected():
+    from fedrl_algos.core.trajectories import check_rollout_batch
+    from fedrl_envs import RandomStreams
+
+    streams = RandomStreams(torch.zeros(2, 3, dtype=torch.int64))
+    assert check_rollout_batch(torch.zeros(2, 3, 5), streams, 4) == 4
+    with pytest.raises(ValueError, match=r"^streams must have batch shape \(3, 2\) \(that of theta\), got \(2, 3\)$"):
+        check_rollout_batch(torch.zeros(3, 2, 5), streams, 4)
+    with pytest.raises(ValueError, match=r"^n_trajectories must be >= 1, got 0$"):
+        check_rollout_batch(torch.zeros(2, 3, 5), streams, 0)
+
+
+def test_log_likelihood_jvp_is_in_the_parameters_dtype():
+    from fedrl_algos.core.score_calculus import log_likelihood_jvp
+
+    policy = TabularPolicy(gym.spaces.Discrete(3), gym.spaces.Discrete(2), dtype=torch.float32)
+    _, traj = _episodes()
+    g = torch.Generator().manual_seed(10)
+    theta = torch.randn(2, policy.n_params, generator=g)
+    v = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64) / 3  # a float64 direction
+    out = log_likelihood_jvp(policy, theta, traj, v)
+    assert out.dtype == torch.float32 and torch.equal(out, log_likelihood_jvp(policy, theta, traj, v.float()))

@@ -365,3 +365,22 @@ def test_angle_normalize_is_bitwise_gymnasiums(dtype):
     ours = angle_normalize(torch.from_numpy(x))
     assert isinstance(ours, torch.Tensor) and ours.dtype == torch.from_numpy(x).dtype
     np.testing.assert_array_equal(ours.numpy(), gymnasium)
+
+
+def test_gridworld_tables_and_moves_are_built_on_the_goals_device():
+    # PyTorch's meta device stands in for an accelerator (any operation mixing its data-less
+    # tensors with CPU tensors raises): a dropped device= is caught without a GPU.
+    meta = torch.device("meta")
+    family = GridWorldFamily()
+    params = GridWorldParams(torch.tensor([[3, 1], [0, 4]], device="meta"), 5, 15)
+    table = family.next_state_table(params)
+    assert table.device == meta and table.dtype == torch.int64 and tuple(table.shape) == (2, 25, 4)
+    reward = family.reward_vector(params)
+    assert reward.device == meta and reward.dtype == torch.float64 and tuple(reward.shape) == (2, 25)
+    moved = _move(torch.zeros(3, dtype=torch.int64, device="meta"), torch.zeros(3, dtype=torch.int64, device="meta"), 5)
+    assert moved.device == meta and tuple(moved.shape) == (3,)
+
+
+def test_angle_normalize_of_a_tensor_stays_a_tensor_on_its_device():
+    out = angle_normalize(torch.zeros(4, device="meta", dtype=torch.float64))
+    assert out.device == torch.device("meta") and out.dtype == torch.float64 and tuple(out.shape) == (4,)

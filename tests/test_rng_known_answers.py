@@ -177,3 +177,17 @@ def test_uniform_dtype_does_not_follow_the_default_dtype():
     finally:
         torch.set_default_dtype(before)
     assert out.dtype == torch.float32 and torch.equal(out, words_to_uniform(words))
+
+
+def test_keys_words_and_loaded_states_stay_on_the_streams_device():
+    # PyTorch's meta device stands in for an accelerator: any operation mixing its data-less
+    # tensors with CPU tensors raises, so a dropped ``device=`` shows up on a CPU-only machine.
+    meta = torch.device("meta")
+    keys = derive_keys(torch.zeros(2, 1, dtype=torch.int64, device="meta"), torch.arange(3))  # CPU indices
+    assert keys.device == meta and keys.dtype == torch.int64 and tuple(keys.shape) == (2, 3)
+    streams = RandomStreams(torch.zeros(2, dtype=torch.int64), device="meta")
+    words = streams.bits((3,))
+    assert words.device == meta and words.dtype == torch.int64 and tuple(words.shape) == (2, 3)
+    streams.load_state_dict(RandomStreams.from_seed(0, 2).state_dict())  # a state saved on the CPU
+    assert (streams.keys.device, streams.counters.device) == (meta, meta)
+    assert (streams.keys.dtype, streams.counters.dtype) == (torch.int64, torch.int64)
