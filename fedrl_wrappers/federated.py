@@ -409,6 +409,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         policy_fn: Callable[[torch.Tensor], Any],
         n_steps: int | None = None,
         seed: int | None = None,
+        stop_when_done: bool = False,
     ) -> EnvRollout:
         """Reset, then collect ``n_steps`` steps of every environment with ``policy_fn`` in the loop.
 
@@ -417,6 +418,9 @@ class FederatedVecEnv(VectorEnv, ABC):
         :param n_steps: steps to collect (default ``horizon + 1``: one whole episode per env in the
             fixed-horizon mode)
         :param seed: passed to :meth:`reset`
+        :param stop_when_done: fixed-horizon mode only: return as soon as every environment has
+            terminated (the steps left would all be padding), so the rollout may hold fewer than
+            ``n_steps`` steps; ``policy_fn`` is not called for the steps not taken
         :return: :class:`EnvRollout` with axes ``[agent, env, time, ...]``
         """
         if n_steps is None:
@@ -427,6 +431,9 @@ class FederatedVecEnv(VectorEnv, ABC):
         limit = self.max_episode_steps
         if not self.autoreset and limit is not None and n_steps > limit:
             raise ValueError(f"n_steps must be <= horizon + 1 = {limit} in the fixed-horizon mode, got {n_steps}")
+        if not isinstance(stop_when_done, bool):
+            raise TypeError(f"stop_when_done must be a bool, got {stop_when_done!r}")
+        stop_when_done = stop_when_done and not self.autoreset
         obs, _ = self.reset(seed=seed)
         observations, actions, rewards, terminated, truncated = [], [], [], [], []
         for _ in range(n_steps):
@@ -437,6 +444,9 @@ class FederatedVecEnv(VectorEnv, ABC):
             rewards.append(reward)
             terminated.append(term)
             truncated.append(trunc)
+            if stop_when_done and bool(term.all()):  # padded: every env has terminated
+                n_steps = len(rewards)
+                break
 
         def stack(items: list[Any]) -> Any:
             # Stored time-major (a contiguous copy, 3x cheaper than stacking on dim 1); returned as

@@ -385,6 +385,24 @@ def test_generic_fixed_horizon_stops_stepping_an_agent_whose_episodes_all_ended(
     assert steps == [int(lengths[0].max()), 40] and all_steps == [40, 40]
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "fedrl/CartPole-v0"])
+def test_rollout_stop_when_done_returns_the_prefix_up_to_the_last_termination(env_id):
+    kwargs = {"agent_kwargs": [{}, {}]} if env_id == "CartPole-v1" else {}
+    push_right = lambda obs: torch.ones(obs.shape[:2], dtype=torch.long)  # noqa: E731 (topples every pole)
+    full = FederatedVecEnv(env_id, 3, seed=0, autoreset=False, **kwargs).rollout(push_right, n_steps=60)
+    short = FederatedVecEnv(env_id, 3, seed=0, autoreset=False, **kwargs).rollout(push_right, n_steps=60, stop_when_done=True)
+    steps = short.rewards.shape[2]
+    assert steps == int(full.alive.sum(-1).max()) < 60  # up to the step on which the last pole fell
+    for name in ("observations", "actions", "rewards", "terminated", "truncated"):
+        assert torch.equal(getattr(short, name), getattr(full, name)[:, :, :steps]), name
+    assert torch.equal(short.last_observations, full.last_observations)  # frozen since every env terminated
+    # autoreset mode: nothing is padding, so the whole block is collected
+    again = FederatedVecEnv(env_id, 3, seed=0, autoreset=True, **kwargs).rollout(push_right, n_steps=60, stop_when_done=True)
+    assert again.rewards.shape[2] == 60
+    with pytest.raises(TypeError, match="stop_when_done must be a bool"):
+        FederatedVecEnv(env_id, 3, seed=0, autoreset=False, **kwargs).rollout(push_right, n_steps=60, stop_when_done=1)
+
+
 def test_native_fixed_horizon_pads_after_termination():
     if "fedrl/CartPole-v0" not in fedrl_envs.FAMILIES:
         pytest.skip("no native family with early termination registered")

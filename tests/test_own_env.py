@@ -153,6 +153,43 @@ def test_trajectory_accounting_and_masks_of_an_env_that_resets_itself():
     env.close()
 
 
+def test_fixed_horizon_sampling_stops_when_every_episode_ended_and_changes_nothing(monkeypatch):
+    """Once all episodes of a pass have terminated, the sampler stops stepping and pads; the
+    trajectories, an estimate from them, the streams and the next call are bitwise the same."""
+    from fedrl_algos.core import gpomdp
+
+    def sample(stop: bool):
+        env = FederatedVecEnv("CartPole-v1", 3, agent_kwargs=[{}, {"sutton_barto_reward": True}], autoreset=False, seed=0)
+        if not stop:
+            full = env.rollout
+            monkeypatch.setattr(env, "rollout", lambda fn, n_steps=None, seed=None, stop_when_done=False: full(fn, n_steps, seed))
+        calls = []
+        cart = MlpPolicy(env.single_observation_space, env.single_action_space)
+        inner = cart.sample
+
+        def counted(theta, obs, streams):
+            calls.append(1)
+            return inner(theta, obs, streams)
+
+        cart.sample = counted
+        streams = RandomStreams(derive_keys(0, torch.arange(2)))
+        sampler = EnvSampler(env, cart, streams, horizon=199)
+        theta = cart.theta.detach().expand(2, -1)
+        out = [sampler(theta, 5), sampler(theta, 5)]  # two passes of 3 envs per call, the first 5 kept
+        return cart, theta, out, streams.counters.clone(), len(calls)
+
+    cart, theta, stopped, counters, n_calls = sample(True)
+    _, _, full, full_counters, full_calls = sample(False)
+    assert n_calls < full_calls == 2 * 2 * 200  # a random policy topples every pole long before 200 steps
+    assert torch.equal(counters, full_counters)
+    for a, b in zip(stopped, full, strict=True):
+        assert a.obs.shape == b.obs.shape == (2, 5, 200, 4) and bool((b.mask[..., -1] == 0).all())
+        assert torch.equal(a.rewards, b.rewards) and torch.equal(a.mask, b.mask) and torch.equal(a.obs, b.obs)
+        alive = a.mask > 0
+        assert torch.equal(a.actions[alive], b.actions[alive])  # padded steps' actions are masked everywhere
+        assert torch.equal(gpomdp.gpomdp(cart, theta, a, 0.99), gpomdp.gpomdp(cart, theta, b, 0.99))
+
+
 def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="horizon must be given"):
         FedAvgPG("MlpPolicy", "TestOnlyReachNoLimit-v0", agent_kwargs=TARGETS, device="cpu")

@@ -101,21 +101,32 @@ class EnvSampler(Sampler):
         n, n_envs, steps = self.env.n_agents, self.env.n_envs, self.horizon + 1
         theta = theta.detach()
 
+        drawn = [torch.zeros_like(self.streams.counters)]  # what one policy call draws from the streams
+
         def act(obs: torch.Tensor) -> torch.Tensor:  # obs [N, n_envs, *obs_shape], N = prod(B)
             obs = obs.to(theta.device).reshape(*batch, n_envs, *obs.shape[2:])
             if self.normalizer is not None:
                 obs = self.normalizer.normalize(obs, theta.dtype)
+            before = self.streams.counters
             action = self.policy.sample(theta, obs, self.streams)  # [*B, n_envs, *action_shape]
+            drawn[0] = self.streams.counters - before
             return action.reshape(n * n_envs, *action.shape[len(batch) + 1 :])
 
         parts = []
         for _ in range(-(-m // n_envs)):
             seed = None if self._reset_seed_used else self.env_seed
             self._reset_seed_used = True
-            parts.append(self.env.rollout(act, n_steps=steps, seed=seed))
+            part = self.env.rollout(act, n_steps=steps, seed=seed, stop_when_done=True)
+            skipped = steps - part.rewards.shape[2]
+            if skipped:
+                # Every episode ended: the steps not taken are padding. Leave the streams where the
+                # steps would have (each draws what the last one drew), so nothing later changes.
+                self.streams.counters = self.streams.counters + drawn[0] * skipped
+                part = _pad_rollout(part, skipped)
+            parts.append(part)
 
         def stack(field_name: str) -> torch.Tensor:  # [N, passes · n_envs, T, ...] → first m, on θ's device
-            value = torch.cat([getattr(p, field_name) for p in parts], dim=1)[:, :m]
+            value = torch.cat([torch.as_tensor(getattr(p, field_name)) for p in parts], dim=1)[:, :m]
             return value.to(theta.device).reshape(*batch, m, *value.shape[2:])
 
         done = stack("terminated") | stack("truncated")
@@ -125,3 +136,22 @@ class EnvSampler(Sampler):
         if self.update_normalizer:
             self.normalizer.accumulate(traj.obs, traj.mask)
         return traj._replace(obs=self.normalizer.normalize(traj.obs, theta.dtype))
+
+
+def _pad_rollout(part: Any, steps: int) -> Any:
+    """A fixed-horizon rollout whose environments have all terminated, extended by ``steps`` padded
+    steps as the environment pads them: the terminal observation, reward 0, terminated; the last
+    action repeated (the estimators mask it)."""
+    def repeat(x: Any, last: Any) -> Any:
+        x, last = torch.as_tensor(x), torch.as_tensor(last).unsqueeze(2)
+        return torch.cat([x, last.expand(*x.shape[:2], steps, *x.shape[3:])], dim=2)
+
+    def extend(x: Any, value: Any) -> Any:
+        x = torch.as_tensor(x)
+        return torch.cat([x, torch.full((*x.shape[:2], steps), value, dtype=x.dtype, device=x.device)], dim=2)
+
+    return part._replace(
+        observations=repeat(part.observations, part.last_observations), actions=repeat(part.actions, part.actions[:, :, -1]),
+        rewards=extend(part.rewards, 0),
+        terminated=extend(part.terminated, True), truncated=extend(part.truncated, False),
+    )
