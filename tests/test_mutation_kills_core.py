@@ -860,3 +860,201 @@ def test_log_likelihood_jvp_is_in_the_parameters_dtype():
     v = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64) / 3  # a float64 direction
     out = log_likelihood_jvp(policy, theta, traj, v)
     assert out.dtype == torch.float32 and torch.equal(out, log_likelihood_jvp(policy, theta, traj, v.float()))
+
+
+# ---------------------------------------------------------------------------------------------
+# attacks: every attack's report against its formula written out with plain Python floats, the
+# random numbers taken from a copy of the streams the attack is handed.
+
+from fedrl_algos.core import attacks as atk  # noqa: E402
+from fedrl_envs import RandomStreams, derive_keys  # noqa: E402
+from fedrl_envs.rng import mix64  # noqa: E402
+
+
+def _streams(shape: tuple[int, ...], seed: int = 0) -> RandomStreams:
+    return RandomStreams(derive_keys(seed, torch.arange(math.prod(shape)).reshape(shape)))
+
+
+def _copy(streams: RandomStreams) -> RandomStreams:
+    twin = RandomStreams(streams.keys.clone())
+    twin.load_state_dict(streams.state_dict())
+    return twin
+
+
+def test_random_noise_is_uniform_noise_in_units_of_each_gradients_range():
+    assert atk.RandomNoise().scale == 3.0 and repr(atk.RandomNoise(2.0)) == "RandomNoise(scale=2.0)"
+    grad = torch.tensor([[0.5, -1.0, 2.0], [3.0, 0.0, 1.0], [-2.0, -2.5, 4.0]], dtype=torch.float64)
+    byzantine = torch.tensor([1, 0, 1])  # an integer mask is a mask too
+    streams = _streams((3,))
+    u = _copy(streams).uniform((3,), dtype=torch.float64).tolist()
+    out = atk.RandomNoise().gradient(grad, byzantine, streams)
+    for i, row in enumerate(grad.tolist()):
+        span = (max(row) - min(row)) * 3.0
+        expected = [g + (2 * ui - 1) * span for g, ui in zip(row, u[i], strict=True)] if byzantine[i] else row
+        assert out[i].tolist() == pytest.approx(expected, rel=1e-15, abs=1e-15), i
+
+
+def _fedscspg_by_hand(grad: torch.Tensor, bad: torch.Tensor, streams: RandomStreams, scale: float) -> list:
+    u = (2 * _copy(streams).uniform((grad.shape[-1],), dtype=grad.dtype) - 1).tolist()
+    out = []
+    for r, (rows, flags) in enumerate(zip(grad.tolist(), bad.tolist(), strict=True)):
+        colluders = [i for i, f in enumerate(flags) if f]
+        mean = [sum(rows[i][k] for i in colluders) / len(colluders) for k in range(len(rows[0]))]
+        two_sigma = max(math.dist(rows[i], rows[j]) for i in colluders for j in colluders)
+        first = u[r][colluders[0]]
+        norm = math.sqrt(sum(x * x for x in first))
+        forged = [mu + x / norm * two_sigma * scale / 2 for mu, x in zip(mean, first, strict=True)]
+        out.append([forged if f else row for row, f in zip(rows, flags, strict=True)])
+    return out
+
+
+def test_fedscspg_colluders_report_their_mean_plus_a_shared_direction_of_their_spread():
+    g = torch.Generator().manual_seed(21)
+    grad = torch.randn(3, 6, 4, generator=g, dtype=torch.float64)
+    bad = torch.tensor([[False, True, False, True, True, False],   # the first colluder is agent 1
+                        [False, False, False, False, True, False],  # a single colluder: 2σ̂ = 0
+                        [True, False, True, False, False, True]])
+    streams = _streams((3, 6))
+    expected = _fedscspg_by_hand(grad, bad, streams, 2.5)
+    out = atk.FedScsPGAttack(2.5).gradient(grad, bad, streams)
+    assert torch.allclose(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=1e-15)
+    assert atk.FedScsPGAttack().scale == 3.0
+
+
+def test_fedscspg_spread_is_exact_for_many_close_colluders():
+    # 27 colluders: torch.cdist would switch to its matrix-product formula, which cancels
+    # catastrophically for gradients this close to each other.
+    g = torch.Generator().manual_seed(22)
+    grad = 1e4 + torch.randn(1, 30, 3, generator=g, dtype=torch.float64) * 1e-3
+    bad = torch.zeros(1, 30, dtype=torch.bool)
+    bad[0, 2:29] = True
+    streams = _streams((1, 30))
+    expected = torch.tensor(_fedscspg_by_hand(grad, bad, streams, 3.0), dtype=torch.float64)
+    out = atk.FedScsPGAttack().gradient(grad, bad, streams)
+    assert torch.allclose(out - 1e4, expected - 1e4, rtol=1e-9, atol=0)
+
+
+class _StayPolicy:
+    """A stand-in policy that always takes action 0 (or the zero vector) and draws nothing."""
+
+    def __init__(self, space, dtype=torch.int64):
+        self.action_space, self.dtype = space, dtype
+
+    def sample(self, theta, obs, streams):
+        shape = (*streams.keys.shape, obs.shape[streams.keys.dim()], *(self.action_space.shape or ()))
+        return torch.zeros(shape, dtype=self.dtype)
+
+
+def test_random_action_policy_draws_uniform_actions_on_byzantine_rows_only():
+    byzantine = torch.tensor([[True], [False], [True]])  # [agents, 1]: over every trajectory
+    obs = torch.zeros(3, 5, 2)
+    streams = _streams((3,))
+    u = _copy(streams).uniform((5,), dtype=torch.float64)
+    out = atk.RandomActionPolicy(_StayPolicy(gym.spaces.Discrete(4)), byzantine).sample(None, obs, streams)
+    assert out.dtype == torch.int64
+    assert out.tolist() == [[min(int(x * 4), 3) for x in u[0].tolist()], [0] * 5, [min(int(x * 4), 3) for x in u[2].tolist()]]
+    # Box actions: uniform in the bounds, in the action's dtype (a float64 space, float32 actions)
+    box = gym.spaces.Box(np.array([-1.0, 0.1]), np.array([2.0, 0.7]), dtype=np.float64)
+    streams = _streams((3,), seed=1)
+    u = _copy(streams).uniform((5, 2), dtype=torch.float32)
+    out = atk.RandomActionPolicy(_StayPolicy(box, torch.float32), byzantine).sample(None, obs, streams)
+    low, high = torch.tensor([-1.0, 0.1], dtype=torch.float32), torch.tensor([2.0, 0.7], dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert torch.equal(out[0], low + (high - low) * u[0]) and torch.equal(out[2], low + (high - low) * u[2])
+    assert torch.equal(out[1], torch.zeros(5, 2))
+    # a float64 policy on a float32 space draws float64 uniforms
+    streams = _streams((3,), seed=2)
+    u64 = _copy(streams).uniform((5, 2), dtype=torch.float64)
+    box32 = gym.spaces.Box(-1.0, 2.0, (2,), dtype=np.float32)
+    out = atk.RandomActionPolicy(_StayPolicy(box32, torch.float64), byzantine).sample(None, obs, streams)
+    assert out.dtype == torch.float64 and torch.equal(out[0], -1.0 + 3.0 * u64[0])
+
+
+def test_forged_spreads_pass_every_hook_to_the_attack_they_wrap():
+    default = atk.ForgedSpread()
+    assert default.factor == 1000.0 and isinstance(default.attack, atk.SignFlip) and default.name == "forged_spread"
+    assert atk.ForgedSpread(2.0, "sign_flip", name="doubled").name == "doubled"
+    huge, tiny = atk.HugeSpread(), atk.TinySpread()
+    assert (huge.factor, tiny.factor) == (1e3, 1e-3) and isinstance(huge.attack, atk.SignFlip) and isinstance(tiny.attack, atk.SignFlip)
+    mask = torch.tensor([True, False, True])
+    acting = atk.ForgedSpread(2.0, "random_action").policy(_StayPolicy(gym.spaces.Discrete(2)), mask)
+    assert isinstance(acting, atk.RandomActionPolicy) and acting._byzantine is mask
+    grad = torch.tensor([[1.0, 2.0], [3.0, -4.0], [0.5, 0.5]], dtype=torch.float64)
+    streams = _streams((3,))
+    noisy = atk.ForgedSpread(2.0, "random_noise").gradient(grad, mask, streams)
+    assert torch.equal(noisy, atk.RandomNoise().gradient(grad, mask, _streams((3,))))
+    nested = atk.ForgedSpread(2.0, atk.ForgedSpread(3.0, "sign_flip"))
+    spread = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    assert nested.spread(spread, mask, streams).tolist() == [6.0, 2.0, 24.0]
+    assert "factor=2.0" in repr(nested) and "ForgedSpread(factor=3.0" in repr(nested)
+
+
+def test_attack_streams_are_the_agents_keys_salted_and_mixed():
+    streams = _streams((2, 3))
+    derived = atk.attack_streams(streams)
+    assert torch.equal(derived.keys, mix64(streams.keys ^ 0x5A17_A77A_C4)) and derived.device == streams.device
+    assert torch.equal(derived.counters, torch.zeros(2, 3, dtype=torch.int64))
+
+
+def test_attacked_estimator_acts_reports_and_draws_as_its_attack():
+    policy = TabularPolicy(gym.spaces.Discrete(3), gym.spaces.Discrete(2), dtype=torch.float64)
+    inner = PolicyGradient(policy, 0.8, 2)
+    attacked = atk.AttackedEstimator(inner, "random_noise", [1, 0, 1])
+    assert attacked.policy is policy and attacked.gamma == 0.8 and attacked.byzantine.dtype == torch.bool
+    assert attacked.name == "pg+random_noise" and attacked.trajectories_per_step == 2
+
+    class Sampler:
+        def __init__(self, policy):
+            self.policy, self.streams = policy, _streams((3,))
+
+        def with_policy(self, policy):
+            self.acting = policy
+            return lambda theta, m: _episodes(batch=(3,), m=m, seed=30)[1]
+
+    sampler = Sampler(policy)
+    theta = torch.zeros(3, policy.n_params, dtype=torch.float64)
+    noise = atk.attack_streams(sampler.streams)
+    honest = policy_gradient(policy, theta, _episodes(batch=(3,), m=2, seed=30)[1], 0.8)
+    for _ in range(2):  # the attack's noise streams continue from one call to the next
+        out = attacked(sampler, theta)
+        assert torch.equal(out, atk.RandomNoise().gradient(honest, torch.tensor([True, False, True]), noise))
+    random_actions = atk.AttackedEstimator(inner, "random_action", torch.tensor([True, False, True]))
+    random_actions(sampler, theta)
+    assert isinstance(sampler.acting, atk.RandomActionPolicy)
+    assert sampler.acting._byzantine.tolist() == [[True], [False], [True]]  # rows broadcast over trajectories
+
+
+# ---------------------------------------------------------------------------------------------
+# adaptation baselines and the curvature estimators' autograd path
+
+
+def test_adaptation_baseline_checks_name_the_argument_they_were_given():
+    from fedrl_algos.core.adaptation import adaptation_weights, check_adaptation_baseline
+
+    with pytest.raises(TypeError, match=r"^adaptation_baseline must be None or one of \('loo', 'mean'\), got int$"):
+        check_adaptation_baseline(3)
+    with pytest.raises(ValueError, match=r"^inner_baseline must be one of \(None, 'loo', 'mean'\), got 'LOO'$"):
+        check_adaptation_baseline("LOO", "inner_baseline")
+    _, traj = _episodes()
+    with pytest.raises(ValueError, match=r"^baseline must be one of \(None, 'loo', 'mean'\), got 'median'$"):
+        adaptation_weights(traj, 0.8, "median")
+    for baseline in (None, "loo", "mean"):
+        expected = _loop_weights(traj, 0.8, "gpomdp", baseline)
+        assert torch.allclose(adaptation_weights(traj, 0.8, baseline), expected, rtol=0, atol=1e-12), baseline
+
+
+def test_autograd_curvature_of_the_paper_is_the_autograd_hvp_and_in_the_parameters_dtype():
+    from fedrl_algos.core.curvature import autograd_curvature_hvp, curvature_weights
+    from fedrl_algos.core.estimators import autograd_hvp
+
+    policy, traj = _episodes()
+    g = torch.Generator().manual_seed(23)
+    theta = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    v = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    weights = curvature_weights(traj, 0.8, "paper")
+    assert torch.equal(autograd_curvature_hvp(policy, theta, traj, v, weights, "paper"), autograd_hvp(policy, theta, traj, v, weights))
+    policy32 = TabularPolicy(gym.spaces.Discrete(3), gym.spaces.Discrete(2), dtype=torch.float32)
+    for coupling in ("causal", "lvc"):
+        out = autograd_curvature_hvp(policy32, theta.float(), traj, v / 3, weights.float(), coupling)
+        assert out.dtype == torch.float32
+        assert torch.equal(out, autograd_curvature_hvp(policy32, theta.float(), traj, (v / 3).float(), weights.float(), coupling)), coupling
