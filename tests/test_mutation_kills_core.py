@@ -1058,3 +1058,47 @@ def test_autograd_curvature_of_the_paper_is_the_autograd_hvp_and_in_the_paramete
         out = autograd_curvature_hvp(policy32, theta.float(), traj, v / 3, weights.float(), coupling)
         assert out.dtype == torch.float32
         assert torch.equal(out, autograd_curvature_hvp(policy32, theta.float(), traj, (v / 3).float(), weights.float(), coupling)), coupling
+
+
+class _RecordingTabular(TabularPolicy):
+    """The tabular softmax, recording which of its closed forms were asked for."""
+
+    def __init__(self):
+        super().__init__(gym.spaces.Discrete(3), gym.spaces.Discrete(2), dtype=torch.float64)
+        self.asked = []
+
+    def hvp(self, theta, traj, v, weights):
+        self.asked.append("hvp")
+        return super().hvp(theta, traj, v, weights)
+
+    def curvature_hvp(self, theta, traj, v, weights, coupling):
+        self.asked.append(coupling)
+        return super().curvature_hvp(theta, traj, v, weights, coupling)
+
+
+def test_curvature_products_use_the_closed_form_unless_told_otherwise():
+    from fedrl_algos.core.curvature import autograd_curvature_hvp, curvature_hvp, curvature_vector_product, curvature_weights
+    from fedrl_algos.core.estimators import autograd_hvp, hessian_vector_product, reward_to_go_weights
+
+    policy = _RecordingTabular()
+    _, traj = _episodes()
+    g = torch.Generator().manual_seed(24)
+    theta = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    v = torch.randn(2, policy.n_params, generator=g, dtype=torch.float64)
+    # the default curvature is the paper's, eq. (3): exactly hessian_vector_product
+    assert torch.equal(curvature_vector_product(policy, theta, traj, v, 0.8), hessian_vector_product(policy, theta, traj, v, 0.8))
+    assert policy.asked == ["hvp", "paper"] * 2  # the tabular hvp is its curvature product with the paper's coupling
+    policy.asked.clear()
+    assert torch.equal(curvature_vector_product(policy, theta, traj, v, 0.8, "paper", closed_form=False),
+                       autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, 0.8)))
+    assert policy.asked == []
+    weights = curvature_weights(traj, 0.8, "causal")
+    assert torch.equal(curvature_vector_product(policy, theta, traj, v, 0.8, "causal", closed_form=False),
+                       autograd_curvature_hvp(policy, theta, traj, v, weights, "causal"))
+    assert torch.equal(curvature_hvp(policy, theta, traj, v, weights, "causal", closed_form=False),
+                       autograd_curvature_hvp(policy, theta, traj, v, weights, "causal"))
+    assert policy.asked == []
+    closed = curvature_hvp(policy, theta, traj, v, weights, "lvc")
+    assert policy.asked == ["lvc"]
+    assert torch.allclose(closed, autograd_curvature_hvp(policy, theta, traj, v, weights, "lvc"), rtol=1e-10, atol=1e-13)
+    assert torch.equal(curvature_vector_product(policy, theta, traj, v, 0.8, "lvc"), closed) and policy.asked == ["lvc", "lvc"]

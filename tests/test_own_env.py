@@ -378,3 +378,39 @@ def test_mlp_policy_one_hot_encodes_discrete_observations():
     assert torch.isfinite(model.theta).all()
     action, _ = model.predict(np.array(6), deterministic=True)
     assert int(action) in range(4)
+
+
+def test_env_sampler_seeds_its_first_reset_only_and_checks_its_batch():
+    from fedrl_algos.core.normalization import ObservationNormalizer
+
+    def make(env_seed, dtype=torch.float64, normalizer=None):
+        env = FederatedVecEnv("CartPole-v1", 2, agent_kwargs=[{}, {}], autoreset=False, seed=0)
+        cart = MlpPolicy(env.single_observation_space, env.single_action_space, dtype=dtype)
+        seen = []
+        inner = cart.sample
+
+        def recording(theta, obs, streams):
+            seen.append(obs.dtype)
+            return inner(theta, obs, streams)
+
+        cart.sample = recording
+        sampler = EnvSampler(env, cart, RandomStreams(derive_keys(0, torch.arange(2))), horizon=30, env_seed=env_seed,
+                             normalizer=normalizer)
+        return sampler, cart.theta.detach().expand(2, -1), seen
+
+    a, theta, _ = make(7)
+    b, _, _ = make(7)
+    first, second = a(theta, 2), a(theta, 2)
+    assert torch.equal(b(theta, 2).obs, first.obs)  # the same env_seed: the same first episodes
+    assert not torch.equal(second.obs[..., 0, :], first.obs[..., 0, :])  # later calls continue the envs' generators
+    assert not torch.equal(make(8)[0](theta, 2).obs[..., 0, :], first.obs[..., 0, :])
+    other = MlpPolicy(a.env.single_observation_space, a.env.single_action_space)
+    assert a.with_policy(other).policy is other and a.with_policy(other).streams is a.streams
+    for bad in (theta[0], theta.reshape(1, 2, -1)[:, :1], torch.zeros(3, theta.shape[-1], dtype=theta.dtype)):
+        with pytest.raises(ValueError, match=r"^theta must have one batch row per agent of the federated env \(2, e\.g\. "
+                                             r"\[2, d\] or \[runs, agents, d\]\), got shape"):
+            a(bad, 2)
+    # with a normalizer the policy sees normalized observations in its own dtype
+    for dtype in (torch.float32, torch.float64):
+        sampler, th, seen = make(7, dtype, ObservationNormalizer((4,)))
+        assert sampler(th, 2).obs.dtype == dtype and set(seen) == {dtype}
