@@ -380,6 +380,29 @@ def test_mlp_policy_one_hot_encodes_discrete_observations():
     assert int(action) in range(4)
 
 
+def test_env_sampler_stop_when_done_returns_the_prefix_up_to_the_last_running_step():
+    from fedrl_algos.core import gpomdp
+
+    def make(stop: bool):
+        env = FederatedVecEnv("CartPole-v1", 3, agent_kwargs=[{}, {}], autoreset=False, seed=0)
+        cart = MlpPolicy(env.single_observation_space, env.single_action_space)
+        return cart, EnvSampler(env, cart, RandomStreams(derive_keys(0, torch.arange(2))), horizon=199, stop_when_done=stop)
+
+    cart, short_sampler = make(True)
+    _, full_sampler = make(False)
+    theta = cart.theta.detach().expand(2, -1)
+    for _ in range(2):
+        short, full = short_sampler(theta, 5), full_sampler(theta, 5)
+        steps = short.rewards.shape[-1]
+        assert steps == int(full.mask.sum(-1).max()) < 200  # the longest episode's length
+        assert bool((full.mask[..., steps:] == 0).all())
+        for name in ("obs", "rewards", "mask"):
+            assert torch.equal(getattr(short, name), getattr(full, name)[..., :steps, :] if name == "obs" else getattr(full, name)[..., :steps])
+        assert torch.equal(short.actions[short.mask > 0], full.actions[..., :steps][short.mask > 0])
+        assert torch.allclose(gpomdp.gpomdp(cart, theta, short, 0.99), gpomdp.gpomdp(cart, theta, full, 0.99), rtol=1e-5, atol=1e-5)  # float32 sums
+    assert torch.equal(short_sampler.streams.counters, full_sampler.streams.counters)
+
+
 def test_env_sampler_seeds_its_first_reset_only_and_checks_its_batch():
     from fedrl_algos.core.normalization import ObservationNormalizer
 

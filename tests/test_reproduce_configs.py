@@ -231,9 +231,12 @@ def test_the_expected_wall_time_is_printed_to_stderr_before_the_run(calls, tmp_p
         est = EXPERIMENTS["mfpo"].estimate_wall_time(config, 3)
         steps = max(config.resolved_budget, FIRST_ROUND_STEPS[env])
         assert est.parts["MFPO"] == pytest.approx(3 * 10 * steps / 1e6 * MEASURED_RATES[env]["MFPO"])
-        assert est.parts["FedAvg-PG"] is None and "unknown" in est.describe()
+        if env == "pong":
+            assert est.parts["FedAvg-PG"] is None and "unknown" in est.describe()
     hopper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper", sweeps=False), 10)
-    assert 15 * 3600 < hopper.parts["MFPO"] < 25 * 3600  # 2e4 steps per agent, 10 seeds × 10 agents: ≈ 20 h
+    # 2e4 steps per agent, 10 seeds × 10 agents: ≈ 15 min for MFPO, every method measured
+    assert 10 * 60 < hopper.parts["MFPO"] < 20 * 60 and set(hopper.parts) >= {"MFPO", "FedAvg-PG", "FedPG-BR"}
+    assert hopper.parts["FedPG-BR"] == pytest.approx(10 * 10 * 20000 / 1e6 * MEASURED_RATES["hopper"]["FedPG-BR"])
     paper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper", budget=1e6, sweeps=False), 10)
     assert paper.parts["MFPO"] == pytest.approx(50 * hopper.parts["MFPO"])
     # ``all`` runs every experiment and prints their total

@@ -242,7 +242,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 self.fed_env = self._generic_env(self.agent_kwargs)
             # Evaluation rollouts on an env of their own, so that they never change the training episodes.
             eval_env = self._generic_env(self.agent_kwargs, self.fed_env.n_envs, combine_seed(self.seed, 1)) if self.eval_trajectories > 0 else None
-            return Federation.from_env(self.fed_env, self.policy, self.seed, self.gamma, self.horizon, eval_env, normalizer)
+            return Federation.from_env(self.fed_env, self.policy, self.seed, self.gamma, self.horizon, eval_env, normalizer,
+                                       stop_when_done=self.stop_rollouts_when_done)
         return Federation(
             self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma,
             horizon_override=self.horizon, stop_when_done=self.stop_rollouts_when_done, normalizer=normalizer,

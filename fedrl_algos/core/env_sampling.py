@@ -64,6 +64,11 @@ class EnvSampler(Sampler):
     :param normalizer: observation normalizer: the policy sees, and the trajectories hold,
         normalized observations (:mod:`fedrl_algos.core.normalization`)
     :param update_normalizer: add the raw observations of the steps that ran to its round moments
+    :param stop_when_done: return only the steps up to the last one on which an episode of the
+        batch still ran (``T <= H + 1``; the dropped steps all have mask 0), as
+        :func:`~fedrl_algos.core.sampling.rollout` does for a family: the estimators then skip the
+        padding. Either way, a fixed-horizon pass stops stepping once all its episodes ended and the
+        streams advance as if every step had run.
     """
 
     env: FederatedVecEnv
@@ -73,6 +78,7 @@ class EnvSampler(Sampler):
     env_seed: int | None = None
     normalizer: Any = None
     update_normalizer: bool = False
+    stop_when_done: bool = False
     _reset_seed_used: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -122,8 +128,10 @@ class EnvSampler(Sampler):
                 # Every episode ended: the steps not taken are padding. Leave the streams where the
                 # steps would have (each draws what the last one drew), so nothing later changes.
                 self.streams.counters = self.streams.counters + drawn[0] * skipped
-                part = _pad_rollout(part, skipped)
             parts.append(part)
+        # Pad the passes to a common length: the longest pass (stop_when_done), or every step.
+        length = max(p.rewards.shape[2] for p in parts) if self.stop_when_done else steps
+        parts = [p if p.rewards.shape[2] == length else _pad_rollout(p, length - p.rewards.shape[2]) for p in parts]
 
         def stack(field_name: str) -> torch.Tensor:  # [N, passes · n_envs, T, ...] → first m, on θ's device
             value = torch.cat([torch.as_tensor(getattr(p, field_name)) for p in parts], dim=1)[:, :m]

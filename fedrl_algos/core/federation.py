@@ -76,8 +76,9 @@ class Federation:
     :param eval_env: a second env for evaluation rollouts (so that evaluating never changes the
         training episodes); ``None``: evaluation shares ``env``
     :param horizon_override: last time index H of an episode (default: the family's or the env's)
-    :param stop_when_done: a family's rollouts stop once every episode of the batch ended (see
-        :func:`~fedrl_algos.core.sampling.rollout`; the trajectories are the same)
+    :param stop_when_done: rollouts stop once every episode of the batch ended (see
+        :func:`~fedrl_algos.core.sampling.rollout` and
+        :class:`~fedrl_algos.core.env_sampling.EnvSampler`; the trajectories are the same but shorter)
     :param normalizer: observation normalizer shared by the samplers (only the training sampler
         adds to its moments; :mod:`fedrl_algos.core.normalization`)
     :param env_reset_seed: seed of the env's first reset (``None``: the seed the env was made with)
@@ -121,10 +122,11 @@ class Federation:
         if self.env is not None:
             seed = self.env_reset_seed
             self.sampler = EnvSampler(self.env, self.policy, self.streams, self.horizon_override, env_seed=seed,
-                                      normalizer=self.normalizer, update_normalizer=True)
+                                      normalizer=self.normalizer, update_normalizer=True, stop_when_done=self.stop_when_done)
             self.eval_sampler = EnvSampler(
                 self.eval_env if self.eval_env is not None else self.env, self.policy, self.eval_streams, self.horizon_override,
                 env_seed=None if seed is None else combine_seed(seed, _EVAL_STREAM), normalizer=self.normalizer,
+                stop_when_done=self.stop_when_done,
             )
             self.row_params = None
             return
@@ -140,7 +142,7 @@ class Federation:
     @classmethod
     def from_env(
         cls, env: Any, policy: Any, seed: int | Any, gamma: float, horizon: int | None = None, eval_env: Any = None,
-        normalizer: Any = None, agent_ids: Any = None,
+        normalizer: Any = None, agent_ids: Any = None, stop_when_done: bool = False,
     ) -> Federation:
         """A federation over the agents of a :class:`~fedrl_wrappers.FederatedVecEnv` (any backend).
 
@@ -154,13 +156,15 @@ class Federation:
         :param normalizer: observation normalizer
         :param agent_ids: the agents' indices in the whole federation (see the class), for an env
             that holds only some of its agents
+        :param stop_when_done: the samplers return the steps up to the last one an episode ran
+            (:class:`~fedrl_algos.core.env_sampling.EnvSampler`)
         """
         # One run (an int seed): the envs' first reset is seeded by it. Seeds of several runs: the env
         # holds every run's agents, each seeded from its own stream id when the env was made.
         reset_seed = int(seed) if isinstance(seed, int) else None
         seeds = torch.as_tensor(seed, dtype=torch.int64).reshape(-1)
         return cls(None, None, policy, seeds, gamma, env=env, eval_env=eval_env, horizon_override=horizon, normalizer=normalizer,
-                   env_reset_seed=reset_seed, agent_ids=agent_ids)
+                   env_reset_seed=reset_seed, agent_ids=agent_ids, stop_when_done=stop_when_done)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """Random-stream state of every consumer (training, server sampling, evaluation)."""

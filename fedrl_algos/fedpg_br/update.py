@@ -192,7 +192,8 @@ def make_env_server_sampler(
     many = not isinstance(seed, int)
     seeds = torch.as_tensor(seed if many else [seed], dtype=torch.int64).reshape(-1, 1)
     streams = RandomStreams(derive_keys(seeds, torch.arange(inner_batch_size).reshape(1, -1) + _SERVER_TRAJ_STREAM), policy.theta.device)
-    return EnvSampler(env, policy, streams, horizon, env_seed=None if many else int(seed) ^ _SERVER_TRAJ_STREAM)
+    return EnvSampler(env, policy, streams, horizon, env_seed=None if many else int(seed) ^ _SERVER_TRAJ_STREAM,
+                      stop_when_done=True)
 
 
 def server_trajectories(sampler: Sampler, theta: torch.Tensor, n_trajectories: int) -> Trajectories:

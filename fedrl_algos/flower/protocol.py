@@ -81,7 +81,8 @@ def agent_federation(model: Any, agent: int) -> Federation:
                              f"state travels with the messages), got {layout.get('vectorization_mode')!r}")
         env = FederatedVecEnv(model.env_id, int(layout.get("n_envs", 1)), agent_kwargs=[dict(model.agent_kwargs[int(agent)])],
                               autoreset=False, seed=model.seed, device=model.device, vectorization_mode="sync", stream_ids=[int(agent)])
-        return Federation.from_env(env, model.policy, model.seed, model.gamma, model.horizon, agent_ids=index)
+        return Federation.from_env(env, model.policy, model.seed, model.gamma, model.horizon, agent_ids=index,
+                                   stop_when_done=model.stop_rollouts_when_done)
     params = index_params(params_to(model.agent_params, model.device), index.to(model.device))
     return Federation(
         model.family, params, model.policy, torch.tensor([model.seed]), model.gamma, horizon_override=model.horizon,

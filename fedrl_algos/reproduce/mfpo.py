@@ -218,7 +218,7 @@ class Population:
             self.policy = MlpPolicy(space, actions, net_arch=cfg.net_arch, activation=cfg.activation,
                                     squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
         eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
-        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env)
+        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env, stop_when_done=True)
 
     def server_sampler(self, inner_batch_size: int) -> Any:
         """FedPG-BR's server sampler: the family's kernels, or ``b`` environments of the server's own per run."""
@@ -428,22 +428,23 @@ SB3_REDUCED_BUDGETS = {"cartpole": 2e4, "pendulum": 1e4, "halfcheetah": 1e4, "ho
 #: the 2-core machine (load average 3–6): CartPole comparison 10 seeds (MFPO 183 s, FedAvg-PG 101 s,
 #: FedPG-BR 310 s at 1e6; Fed-DQN 784 s at 2e4), Pendulum 3 seeds at 1e6 (31, 20, 151 s) and Fed-SAC
 #: 2 seeds at 1e4 (800 s), byzantine 5 seeds at 1e6. The agents sweep (3 seeds: 19–256 s for N = 1–50)
-#: agrees with the MFPO rate times the agents to within 5 %. MuJoCo/Atari: MFPO's first round with the
-#: rows' default methods at load 4–6, per *counted* step (the fixed-horizon rollouts step all H + 1
-#: steps, so a round costs the same however early its episodes end): Hopper 2 agents, 858 s for
-#: 11,824 steps per agent; Pong 1 agent with K = 2 (60 trajectories of ~917 steps), 256 s for 55,025
-#: steps per agent. The rows' other methods, HalfCheetah and Breakout have none.
+#: agrees with the MFPO rate times the agents to within 5 %. MuJoCo/Atari, per *counted* step (until
+#: each episode ends): Hopper, the default comparison (10 agents, 1 seed, the reduced 2e4 budget,
+#: load 3.4): MFPO 88.9 s for 23,133 steps per agent, FedAvg-PG 52.7 s for 21,748, FedPG-BR 91.2 s
+#: for 20,177 (rollouts stop, and the estimators skip the padding, once every episode has ended);
+#: Pong 1 agent with K = 2 (60 trajectories of ~917 steps), 256 s for 55,025 steps per agent (load
+#: 4–6, before that change). HalfCheetah and Breakout have none.
 MEASURED_RATES: dict[str, dict[str, float]] = {
     "cartpole": {"MFPO": 1.83, "FedAvg-PG": 1.01, "FedPG-BR": 3.10, "Fed-DQN": 392.0},
     "pendulum": {"MFPO": 1.03, "FedAvg-PG": 0.67, "FedPG-BR": 5.03, "Fed-SAC": 4000.0},
-    "hopper": {"MFPO": 36275.0},
+    "hopper": {"MFPO": 384.0, "FedAvg-PG": 242.0, "FedPG-BR": 452.0},
     "pong": {"MFPO": 4645.0},
 }
 #: environment steps per agent of a comparison's first round with the row's default methods (a run
-#: never stops before it ends, so the estimates use at least this much): Hopper measured (2 agents,
-#: round 1); Pong from the measured ~917 steps a trajectory times the round's D̃ + (K − 1)·D = 780
-#: trajectories
-FIRST_ROUND_STEPS: dict[str, float] = {"hopper": 11824.0, "pong": 7.15e5}
+#: never stops before it ends, so the estimates use at least this much): Hopper measured (MFPO, 10
+#: agents, round 1); Pong from the measured ~917 steps a trajectory times the round's
+#: D̃ + (K − 1)·D = 780 trajectories
+FIRST_ROUND_STEPS: dict[str, float] = {"hopper": 11620.0, "pong": 7.15e5}
 BYZANTINE_RATES: dict[str, dict[tuple[str, str], float]] = {
     "cartpole": {("FedPG-BR", "none"): 3.72, ("FedPG-BR", "random_noise"): 3.30, ("FedPG-BR", "sign_flip"): 3.88,
                  ("FedAvg-PG", "none"): 0.98, ("FedAvg-PG", "random_noise"): 1.44, ("FedAvg-PG", "sign_flip"): 3.56},
