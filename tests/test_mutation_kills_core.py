@@ -1077,7 +1077,12 @@ class _RecordingTabular(TabularPolicy):
 
 
 def test_curvature_products_use_the_closed_form_unless_told_otherwise():
-    from fedrl_algos.core.curvature import autograd_curvature_hvp, curvature_hvp, curvature_vector_product, curvature_weights
+    from fedrl_algos.core.curvature import (
+        autograd_curvature_hvp,
+        curvature_hvp,
+        curvature_vector_product,
+        curvature_weights,
+    )
     from fedrl_algos.core.estimators import autograd_hvp, hessian_vector_product, reward_to_go_weights
 
     policy = _RecordingTabular()
