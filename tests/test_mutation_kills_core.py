@@ -1107,3 +1107,114 @@ def test_curvature_products_use_the_closed_form_unless_told_otherwise():
     assert policy.asked == ["lvc"]
     assert torch.allclose(closed, autograd_curvature_hvp(policy, theta, traj, v, weights, "lvc"), rtol=1e-10, atol=1e-13)
     assert torch.equal(curvature_vector_product(policy, theta, traj, v, 0.8, "lvc"), closed) and policy.asked == ["lvc", "lvc"]
+
+
+# ---------------------------------------------------------------------------------------------
+# samplers: batched against looped, the normalizer's path, and the policies' fast plans
+
+
+def test_generic_rollout_of_a_batch_equals_its_rows_rolled_out_alone():
+    from fedrl_algos.core.sampling import generic_rollout
+    from fedrl_algos.policies import MlpPolicy
+    from fedrl_envs import PENDULUM, stack_params
+
+    tasks = PENDULUM.train_tasks[:3]
+    policy = MlpPolicy(PENDULUM.observation_space(tasks[0]), PENDULUM.action_space(tasks[0]), dtype=torch.float64)
+    theta = policy.theta.detach() + 0.1 * torch.randn(3, policy.n_params, generator=torch.Generator().manual_seed(25), dtype=torch.float64)
+    keys = derive_keys(3, torch.arange(3))
+    batched = generic_rollout(PENDULUM, stack_params(tasks), policy, theta, RandomStreams(keys), 2, 9)
+    assert batched.actions.shape == (3, 2, 10, 1) and batched.rewards.shape[-1] == 10  # no early stop by default
+    for i in range(3):
+        alone = generic_rollout(PENDULUM, stack_params([tasks[i]]), policy, theta[i : i + 1], RandomStreams(keys[i : i + 1]), 2, 9)
+        for name in ("obs", "actions", "rewards", "mask"):
+            assert torch.equal(getattr(alone, name)[0], getattr(batched, name)[i]), (i, name)
+
+
+def test_generic_rollout_normalizes_what_the_policy_sees_and_counts_only_running_steps():
+    from fedrl_algos.core.normalization import ObservationNormalizer
+    from fedrl_algos.core.sampling import generic_rollout
+    from fedrl_algos.policies import MlpPolicy
+    from fedrl_envs import CARTPOLE, stack_params
+
+    tasks = CARTPOLE.train_tasks[:2]
+    policy = MlpPolicy(CARTPOLE.observation_space(tasks[0]), CARTPOLE.action_space(tasks[0]), dtype=torch.float64)
+    theta = policy.theta.detach().expand(2, -1)
+    keys = derive_keys(4, torch.arange(2))
+    raw = generic_rollout(CARTPOLE, stack_params(tasks), policy, theta, RandomStreams(keys), 3, 59)
+    assert bool((raw.mask == 0).any())  # some poles fall: the steps after that must not count
+    norm = ObservationNormalizer((4,))
+    norm.var = torch.full((4,), 1.0 - 1e-8, dtype=torch.float64)  # an identity map: the policy acts as on raw observations
+    assert bool((norm.var + norm.eps == 1.0).all())
+    shown = []
+    inner = policy.sample
+
+    def recording(th, obs, streams):
+        shown.append(obs)
+        return inner(th, obs, streams)
+
+    policy.sample = recording
+    seen = generic_rollout(CARTPOLE, stack_params(tasks), policy, theta, RandomStreams(keys), 3, 59, normalizer=norm)
+    assert [float(p.abs().sum()) for p in norm._pending] == [0.0, 0.0, 0.0]  # update_normalizer is off by default
+    assert torch.equal(seen.obs, norm.normalize(raw.obs, torch.float64)) and torch.equal(seen.actions, raw.actions)
+    assert all(o.dtype == torch.float64 for o in shown) and len(shown) == 60
+    generic_rollout(CARTPOLE, stack_params(tasks), policy, theta, RandomStreams(keys), 3, 59, normalizer=norm, update_normalizer=True)
+    alive = (raw.mask > 0).unsqueeze(-1).to(torch.float64)
+    assert norm._pending[0].item() == raw.mask.sum().item()
+    assert torch.allclose(norm._pending[1], (raw.obs.to(torch.float64) * alive).sum((0, 1, 2)), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(norm._pending[2], (raw.obs.to(torch.float64) ** 2 * alive).sum((0, 1, 2)), rtol=1e-12, atol=1e-12)
+
+
+class _PlannedTabular(TabularPolicy):
+    """The tabular softmax with a fake fast plan, recording what it was asked."""
+
+    def __init__(self, answer: Trajectories | None):
+        super().__init__(gym.spaces.Discrete(25), gym.spaces.Discrete(4), dtype=torch.float64)
+        self.answer, self.plans, self.calls = answer, [], []
+
+    def kernel_rollout_plan(self, family, params):
+        self.plans.append((family, params))
+
+        def plan(theta, streams, m, horizon, stop_when_done):
+            self.calls.append((m, horizon, stop_when_done))
+            return self.answer
+
+        return plan
+
+
+def test_rollouts_take_the_policys_fast_plan_once_and_hand_it_every_argument():
+    from fedrl_algos.core.normalization import ObservationNormalizer
+    from fedrl_algos.core.sampling import KernelSampler, rollout
+    from fedrl_envs import GRIDWORLD, stack_params
+
+    params = stack_params(GRIDWORLD.train_tasks[:2])
+    answer = Trajectories(torch.zeros(2, 1, 1, dtype=torch.long), torch.zeros(2, 1, 1, dtype=torch.long),
+                          torch.zeros(2, 1, 1, dtype=torch.float64), torch.ones(2, 1, 1, dtype=torch.float64))
+    policy = _PlannedTabular(answer)
+    theta = torch.zeros(2, 100, dtype=torch.float64)
+    assert rollout(GRIDWORLD, params, policy, theta, RandomStreams(derive_keys(0, torch.arange(2))), 3, 7, stop_when_done=True) is answer
+    assert policy.calls == [(3, 7, True)]
+    sampler = KernelSampler(GRIDWORLD, params, policy, RandomStreams(derive_keys(0, torch.arange(2))), stop_when_done=True)
+    assert sampler(theta, 2) is answer and sampler(theta, 4) is answer
+    assert len(policy.plans) == 2 and policy.calls[1:] == [(2, 15, True), (4, 15, True)]  # planned once, the family's horizon
+    sampler.horizon = 5
+    assert sampler(theta, 1) is answer and policy.calls[-1] == (1, 5, True)
+    from fedrl_envs.gridworld import GridWorldFamily
+
+    sampler(theta, 1)
+    assert len(policy.plans) == 2  # the same family, params and policy objects: the kept plan
+    # a reassigned family, params or policy (another object, even an equal one) is planned anew
+    for attribute, value in (("params", stack_params(GRIDWORLD.train_tasks[:2])), ("family", GridWorldFamily())):
+        before = len(policy.plans)
+        setattr(sampler, attribute, value)
+        sampler(theta, 1)
+        assert len(policy.plans) == before + 1 and policy.plans[-1] == (sampler.family, sampler.params), attribute
+    sampler.policy = _PlannedTabular(answer)
+    sampler(theta, 1)
+    assert len(sampler.policy.plans) == 1 and sampler._plan[2] is sampler.policy
+    # a plan that declines (None) falls back to the kernels; a normalizer never uses the plan
+    policy = _PlannedTabular(None)
+    traj = rollout(GRIDWORLD, params, policy, theta, RandomStreams(derive_keys(0, torch.arange(2))), 3, 7)
+    assert traj.obs.shape == (2, 3, 8) and policy.calls == [(3, 7, False)]
+    normalized = KernelSampler(GRIDWORLD, params, _PlannedTabular(answer), RandomStreams(derive_keys(0, torch.arange(2))),
+                               normalizer=ObservationNormalizer(()))
+    assert normalized(theta, 2) is not answer and normalized.policy.calls == []
