@@ -1218,3 +1218,76 @@ def test_rollouts_take_the_policys_fast_plan_once_and_hand_it_every_argument():
     normalized = KernelSampler(GRIDWORLD, params, _PlannedTabular(answer), RandomStreams(derive_keys(0, torch.arange(2))),
                                normalizer=ObservationNormalizer(()))
     assert normalized(theta, 2) is not answer and normalized.policy.calls == []
+
+
+def test_kernel_sampler_without_a_plan_forwards_its_normalizer_and_early_stop():
+    from fedrl_algos.core.normalization import ObservationNormalizer
+    from fedrl_algos.core.sampling import KernelSampler, generic_rollout
+    from fedrl_algos.policies import MlpPolicy
+    from fedrl_envs import CARTPOLE, stack_params
+
+    params = stack_params(CARTPOLE.train_tasks[:2])
+    policy = MlpPolicy(CARTPOLE.observation_space(CARTPOLE.train_tasks[0]), CARTPOLE.action_space(CARTPOLE.train_tasks[0]),
+                       dtype=torch.float64)
+    theta = policy.theta.detach().expand(2, -1)
+    keys = derive_keys(5, torch.arange(2))
+    full = generic_rollout(CARTPOLE, params, policy, theta, RandomStreams(keys), 3, 199)
+    assert full.rewards.shape[-1] == 200 and bool((full.mask[..., -1] == 0).all())  # no early stop unless asked
+    raw = generic_rollout(CARTPOLE, params, policy, theta, RandomStreams(keys), 3, 199, stop_when_done=True)
+    assert raw.rewards.shape[-1] < 200 and torch.equal(raw.rewards, full.rewards[..., : raw.rewards.shape[-1]])
+    norm = ObservationNormalizer((4,))
+    norm.var = torch.full((4,), 1.0 - 1e-8, dtype=torch.float64)  # identity map, as above
+    sampler = KernelSampler(CARTPOLE, params, policy, RandomStreams(keys), horizon=199, stop_when_done=True, normalizer=norm,
+                            update_normalizer=True)
+    traj = sampler(theta, 3)
+    assert traj.rewards.shape == raw.rewards.shape and torch.equal(traj.actions, raw.actions)
+    assert torch.equal(traj.obs, norm.normalize(raw.obs, torch.float64))
+    assert norm._pending[0].item() == raw.mask.sum().item()
+
+
+def test_score_function_gradient_rejects_a_bad_baseline_and_is_named_after_its_estimator():
+    policy, _ = _episodes()
+    with pytest.raises(ValueError, match=r"^baseline must be one of \('loo', 'mean', None\), got 'median'$"):
+        gp.ScoreFunctionGradient(policy, 0.8, 2, "gpomdp", "median")
+    assert gp.ScoreFunctionGradient(policy, 0.8, 2).name == "gpomdp"
+    assert gp.ScoreFunctionGradient(policy, 0.8, 2, "reinforce").name == "reinforce"
+
+
+def test_random_reward_permutes_each_episodes_running_rewards_only():
+    _, traj = _episodes(batch=(3,), m=2, steps=6, seed=31)
+    assert bool((traj.mask == 0).any()) and bool((traj.mask[..., 0] == 1).all())
+    byzantine = torch.tensor([True, False, True])
+    streams = _streams((3,))
+    u = _copy(streams).uniform((2, 6), dtype=torch.float64)
+    out = atk.RandomReward().trajectories(traj, byzantine, streams)
+    for b in range(3):
+        for j in range(2):
+            rewards, alive = traj.rewards[b, j].tolist(), int(traj.mask[b, j].sum())
+            order = sorted(range(alive), key=lambda t: u[b, j, t].item()) if byzantine[b] else list(range(alive))
+            assert out.rewards[b, j].tolist() == [rewards[t] for t in order] + [0.0] * (6 - alive), (b, j)
+    assert torch.equal(out.obs, traj.obs) and torch.equal(out.mask, traj.mask)
+    with pytest.raises(ValueError, match=r"^RandomReward needs random streams \(the agents' attack streams\) to shuffle rewards$"):
+        atk.RandomReward().trajectories(traj, byzantine)
+    forged = atk.ForgedSpread(2.0, atk.RandomReward()).trajectories(traj, byzantine, _streams((3,)))
+    assert torch.equal(forged.rewards, out.rewards)
+    assert repr(atk.ForgedSpread(2.0, "sign_flip")) == "ForgedSpread(factor=2.0, attack=SignFlip(scale=-2.5))"
+
+
+def test_fedscspg_and_random_actions_with_two_run_axes_and_a_shared_mask():
+    g = torch.Generator().manual_seed(32)
+    grad = torch.randn(2, 2, 5, 3, generator=g, dtype=torch.float64)  # [R1, R2, n, d]
+    bad = torch.tensor([[[False, True, True, False, False], [True, False, False, True, True]],
+                        [[False, False, True, True, True], [False, True, False, False, True]]])
+    streams = _streams((2, 2, 5))
+    expected = _fedscspg_by_hand(grad.reshape(4, 5, 3), bad.reshape(4, 5), RandomStreams(streams.keys.reshape(4, 5)), 3.0)
+    out = atk.FedScsPGAttack().gradient(grad, bad, streams)
+    assert torch.allclose(out, torch.tensor(expected, dtype=torch.float64).reshape(2, 2, 5, 3), rtol=1e-13, atol=1e-15)
+    # one mask over the agents, shared by every run
+    shared = torch.tensor([False, True, False, True, True])
+    out = atk.FedScsPGAttack().gradient(grad[0], shared, _streams((2, 5)))
+    expected = _fedscspg_by_hand(grad[0], shared.expand(2, 5), _streams((2, 5)), 3.0)
+    assert torch.allclose(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-13, atol=1e-15)
+    # random discrete actions come back in the wrapped policy's integer dtype
+    policy = _StayPolicy(gym.spaces.Discrete(3), torch.int32)
+    acts = atk.RandomActionPolicy(policy, torch.tensor([[True], [False]])).sample(None, torch.zeros(2, 4, 1), _streams((2,)))
+    assert acts.dtype == torch.int32 and acts[1].tolist() == [0] * 4
