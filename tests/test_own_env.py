@@ -437,3 +437,24 @@ def test_env_sampler_seeds_its_first_reset_only_and_checks_its_batch():
     for dtype in (torch.float32, torch.float64):
         sampler, th, seen = make(7, dtype, ObservationNormalizer((4,)))
         assert sampler(th, 2).obs.dtype == dtype and set(seen) == {dtype}
+
+
+def test_env_sampler_horizon_errors_say_what_to_do():
+    from fedrl_algos.core.env_sampling import episode_horizon
+
+    no_limit = FederatedVecEnv("TestOnlyReachNoLimit-v0", 1, agent_kwargs=TARGETS[:1], autoreset=False, seed=0)
+    with pytest.raises(ValueError, match=r"^horizon must be given: TestOnlyReachNoLimit-v0 has no max_episode_steps \(register it "
+                                         r"with one, wrap it in gymnasium\.wrappers\.TimeLimit, or pass horizon=H to collect H \+ 1 "
+                                         r"steps per episode\)$"):
+        episode_horizon(no_limit)
+    assert episode_horizon(no_limit, 0) == 0 and episode_horizon(no_limit, 7) == 7
+    with pytest.raises(ValueError, match="horizon"):
+        episode_horizon(no_limit, -1)
+    cart = FederatedVecEnv("CartPole-v1", 1, agent_kwargs=[{}], autoreset=False, seed=0)
+    policy = MlpPolicy(cart.single_observation_space, cart.single_action_space)
+    assert EnvSampler(cart, policy, RandomStreams(derive_keys(0, torch.arange(1))), horizon=499).horizon == 499  # 500 steps fit
+    with pytest.raises(ValueError, match=r"^horizon must be < max_episode_steps = 500 of CartPole-v1 in its fixed-horizon mode, "
+                                         r"got 500$"):
+        EnvSampler(cart, policy, RandomStreams(derive_keys(0, torch.arange(1))), horizon=500)
+    looping = FederatedVecEnv("CartPole-v1", 1, agent_kwargs=[{}], autoreset=True, seed=0)
+    assert EnvSampler(looping, policy, RandomStreams(derive_keys(0, torch.arange(1))), horizon=600).horizon == 600
