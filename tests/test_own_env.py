@@ -448,7 +448,7 @@ def test_env_sampler_horizon_errors_say_what_to_do():
                                          r"steps per episode\)$"):
         episode_horizon(no_limit)
     assert episode_horizon(no_limit, 0) == 0 and episode_horizon(no_limit, 7) == 7
-    with pytest.raises(ValueError, match="horizon"):
+    with pytest.raises(ValueError, match=r"^horizon must be >= 0, got -1$"):
         episode_horizon(no_limit, -1)
     cart = FederatedVecEnv("CartPole-v1", 1, agent_kwargs=[{}], autoreset=False, seed=0)
     policy = MlpPolicy(cart.single_observation_space, cart.single_action_space)
