@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedrl_algos.core import attacks as atk
+from fedrl_algos.core import gpomdp as gp
 from fedrl_algos.core.aggregation import (
     RejectedUpdateWarning,
     UpdateCheck,
@@ -51,6 +53,8 @@ from fedrl_algos.core.schedules import (
 )
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies import TabularPolicy
+from fedrl_envs import RandomStreams, derive_keys
+from fedrl_envs.rng import mix64
 
 # ---------------------------------------------------------------------------------------------
 # schedules
@@ -658,7 +662,6 @@ def test_rewards_to_go_are_computed_on_the_rewards_device():
 # GPOMDP / REINFORCE weights, the estimators' baseline arguments, importance weights: against
 # loops over plain Python floats.
 
-from fedrl_algos.core import gpomdp as gp  # noqa: E402
 
 
 def _episodes(batch=(2,), m=3, steps=4, n_states=3, n_actions=2, seed=11) -> tuple[TabularPolicy, Trajectories]:
@@ -866,9 +869,6 @@ def test_log_likelihood_jvp_is_in_the_parameters_dtype():
 # attacks: every attack's report against its formula written out with plain Python floats, the
 # random numbers taken from a copy of the streams the attack is handed.
 
-from fedrl_algos.core import attacks as atk  # noqa: E402
-from fedrl_envs import RandomStreams, derive_keys  # noqa: E402
-from fedrl_envs.rng import mix64  # noqa: E402
 
 
 def _streams(shape: tuple[int, ...], seed: int = 0) -> RandomStreams:
