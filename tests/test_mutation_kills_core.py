@@ -1,6 +1,7 @@
 """Tests that kill the mutants the mutation-testing run (docs/testing.md) found alive in the other
 core modules: aggregation, the server optimizer, the schedules, observation normalization, the
-local directions and SCAFFOLD's control variates.
+local directions, SCAFFOLD's control variates, and (further down) the estimators, attacks,
+samplers and the federation's seeds, agent selection, evaluation and adaptation.
 
 Each test compares values against an independent computation (plain Python floats, a loop, a
 formula written out), never "nonzero".
@@ -17,7 +18,9 @@ import pytest
 import torch
 
 from fedrl_algos.core import attacks as atk
+from fedrl_algos.core import federation as fd
 from fedrl_algos.core import gpomdp as gp
+from fedrl_algos.core.adaptation import adaptation_gradient
 from fedrl_algos.core.aggregation import (
     RejectedUpdateWarning,
     UpdateCheck,
@@ -52,8 +55,8 @@ from fedrl_algos.core.schedules import (
     as_step_size,
 )
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.policies import TabularPolicy
-from fedrl_envs import RandomStreams, derive_keys
+from fedrl_algos.policies import MlpPolicy, TabularPolicy
+from fedrl_envs import CARTPOLE, GRIDWORLD, RandomStreams, derive_keys, stack_params
 from fedrl_envs.rng import mix64
 
 # ---------------------------------------------------------------------------------------------
@@ -1291,3 +1294,240 @@ def test_fedscspg_and_random_actions_with_two_run_axes_and_a_shared_mask():
     policy = _StayPolicy(gym.spaces.Discrete(3), torch.int32)
     acts = atk.RandomActionPolicy(policy, torch.tensor([[True], [False]])).sample(None, torch.zeros(2, 4, 1), _streams((2,)))
     assert acts.dtype == torch.int32 and acts[1].tolist() == [0] * 4
+
+
+# ---------------------------------------------------------------------------------------------
+# federation: seeds and stream ids, agent selection, evaluation and adaptation
+# ---------------------------------------------------------------------------------------------
+_GRID_PARAMS = stack_params(GRIDWORLD.train_tasks)
+_LOW62 = 1 << 62
+
+
+def _grid_policy() -> TabularPolicy:
+    task = GRIDWORLD.train_tasks[0]
+    return TabularPolicy(GRIDWORLD.observation_space(task), GRIDWORLD.action_space(task), dtype=torch.float64)
+
+
+def _grid_fed(seeds=(3,), **kwargs) -> fd.Federation:
+    return fd.Federation(GRIDWORLD, _GRID_PARAMS, _grid_policy(), torch.tensor(list(seeds)), **kwargs)
+
+
+def _grid_theta(runs: int) -> torch.Tensor:
+    return torch.randn(runs, 100, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+
+
+def test_env_stream_ids_and_combined_seeds_are_the_keys_modulo_two_to_the_62():
+    seeds = [0, 7, -5, 2**40 + 3]
+    ids = fd.run_env_stream_ids(seeds, 25, offset=9)
+    expected = [int(derive_keys(s, i + 9).item()) % _LOW62 for s in seeds for i in range(25)]
+    assert ids == expected
+    assert fd.run_env_stream_ids(np.array(seeds[:3], dtype=np.int32), 25, offset=9) == expected[:75]
+    assert fd.run_env_stream_ids(seeds[:1], 4) == [int(derive_keys(0, i).item()) % _LOW62 for i in range(4)]
+    # the top bits are where a wrong mask shows: some keys have bit 62 or 63 set, some are odd/even
+    raw = [int(derive_keys(s, i + 9).item()) for s in seeds for i in range(25)]
+    assert any(k < 0 for k in raw) and any((k >> 62) & 1 for k in raw) and any(k & 1 for k in ids) and any(not k & 1 for k in ids)
+    for seed, salt in [(0, 1), (5, 2**41), (-3, 7), (2**62, 11)] + [(s, 3) for s in range(20)]:
+        assert fd.combine_seed(seed, salt) == int(derive_keys(seed, salt).item()) % _LOW62
+    assert {fd.combine_seed(s, 3) & 1 for s in range(20)} == {0, 1}
+    assert any(int(derive_keys(s, 3).item()) < 0 for s in range(20))
+
+
+def test_run_keys_of_a_slice_of_agents_are_those_columns_of_the_whole_federation():
+    seeds = torch.tensor([4, 9])
+    whole = fd.run_keys(seeds, 6, offset=fd._EVAL_STREAM)
+    for ids in ([3, 5], np.array([3, 5], dtype=np.int32), torch.tensor([[3], [5]], dtype=torch.int32), (3.0, 5.0)):
+        part = fd.run_keys(seeds, 2, offset=fd._EVAL_STREAM, agent_ids=ids)
+        assert part.dtype == torch.int64 and torch.equal(part, whole[:, [3, 5]]), ids
+    assert torch.equal(fd.run_keys(seeds, 3, offset=2), derive_keys(seeds.reshape(-1, 1), torch.arange(3).reshape(1, -1) + 2))
+
+
+def test_federation_stores_its_seeds_and_agent_ids_as_int64_and_keys_the_slice_like_the_whole():
+    fed = _grid_fed((3, 4), agent_ids=None)
+    assert fed.device == torch.device("cpu") and fed.seeds.dtype == torch.int64
+    narrow = fd.Federation(GRIDWORLD, stack_params(GRIDWORLD.train_tasks[2:4]), _grid_policy(), np.array([3, 4], dtype=np.int32),
+                           agent_ids=np.array([[2], [3]], dtype=np.int32))
+    assert narrow.seeds.dtype == torch.int64 and torch.equal(narrow.seeds, torch.tensor([3, 4]))
+    assert narrow.agent_ids.dtype == torch.int64 and narrow.agent_ids.tolist() == [2, 3]
+    assert torch.equal(narrow.streams.keys, fed.streams.keys[:, 2:4])
+    assert torch.equal(narrow.eval_streams.keys, fed.eval_streams.keys[:, 2:4])
+    with pytest.raises(ValueError, match=r"^agent_ids must have one index per agent \(2\), got 3$"):
+        fd.Federation(GRIDWORLD, stack_params(GRIDWORLD.train_tasks[2:4]), _grid_policy(), [3], agent_ids=[1, 2, 3])
+
+
+def _grid_env(n_agents: int = 2):
+    from fedrl_wrappers import FederatedVecEnv
+
+    return FederatedVecEnv("fedrl/GridWorld-v0", 2, agents=list(range(n_agents)), seed=0)
+
+
+def test_from_env_passes_every_argument_through():
+    env, eval_env, policy = _grid_env(), _grid_env(), _grid_policy()
+    fed = fd.Federation.from_env(env, policy, 5, 0.5)
+    assert fed.gamma == 0.5 and fed.env_reset_seed == 5 and fed.agent_ids is None and fed.stop_when_done is False
+    assert fed.sampler.env is env and fed.eval_sampler.env is env and fed.sampler.stop_when_done is False
+    assert fed.sampler.env_seed == 5 and fed.eval_sampler.env_seed == fd.combine_seed(5, fd._EVAL_STREAM)
+    norm = ObservationNormalizer((1,))
+    fed = fd.Federation.from_env(env, policy, np.array([6], dtype=np.int32), 0.7, horizon=4, eval_env=eval_env, normalizer=norm,
+                                 agent_ids=[1, 3], stop_when_done=True)
+    assert fed.seeds.dtype == torch.int64 and fed.seeds.tolist() == [6] and fed.env_reset_seed is None
+    assert fed.agent_ids.tolist() == [1, 3] and fed.stop_when_done is True and fed.horizon == 4
+    assert fed.sampler.env is env and fed.eval_sampler.env is eval_env
+    assert fed.sampler.stop_when_done is True and fed.eval_sampler.stop_when_done is True
+    assert fed.sampler.normalizer is norm and fed.sampler.update_normalizer is True and fed.eval_sampler.update_normalizer is False
+    assert torch.equal(fed.streams.keys, fd.run_keys(torch.tensor([6]), 2, agent_ids=[1, 3]))
+    with pytest.raises(ValueError, match=r"^env must hold runs x agents environments: 2 agents for 3 runs$"):
+        fd.Federation.from_env(env, policy, [1, 2, 3], 0.9)
+
+
+def test_sampling_every_agent_draws_nothing_and_returns_no_mask():
+    fed = _grid_fed((3, 4))
+    before = fed.server_streams.counters.clone()
+    assert fed.sample_agents(8) is None and fed.sample_agents(9) is None and fed.sample_agents(None) is None
+    assert fed.participation(None) is None and fed.participation(8) is None
+    assert torch.equal(fed.server_streams.counters, before)
+    mask = fed.participation(3)
+    assert mask.shape == (2, 8) and mask.sum(-1).tolist() == [3.0, 3.0] and not torch.equal(fed.server_streams.counters, before)
+
+
+def test_agent_masks_and_selections_live_on_their_inputs_device():
+    fed = _grid_fed((3, 4))
+    agents = torch.tensor([[0, 5], [2, 7]])
+    assert fed.agent_mask(agents.to("meta")).device.type == "meta"
+    assert fed.agent_mask(agents).tolist() == [[1, 0, 0, 0, 0, 1, 0, 0], [0, 0, 1, 0, 0, 0, 0, 1]]
+    chosen = fed.select(agents)
+    x = torch.empty(2, 8, 3, device="meta")
+    assert chosen.gather(x).shape == (2, 2, 3) and chosen.gather(x).device.type == "meta"
+    assert chosen.scatter(torch.empty(2, 2, 3, device="meta"), x).device.type == "meta"
+
+
+@pytest.mark.parametrize("agents, error, match", [
+    (torch.tensor([[True, False], [False, True]]), TypeError, r"^agents must be an integer tensor \[R, r\], got Tensor of dtype torch\.bool$"),
+    (torch.tensor([[0j, 1j], [1j, 2j]]), TypeError, r"^agents must be an integer tensor \[R, r\], got Tensor of dtype torch\.complex64$"),
+    ([[0, 1], [1, 2]], TypeError, r"^agents must be an integer tensor \[R, r\], got list$"),
+    (torch.tensor([[1, 0, 1], [0, 1, 2]]), ValueError, r"^agents must be distinct within each run, got \[\[1, 0, 1\], \[0, 1, 2\]\]$"),
+    (torch.tensor([[0, 1, 1], [0, 1, 2]]), ValueError, "distinct"),
+    (torch.tensor([[0, 1, 2], [3, 4, 4]]), ValueError, "distinct"),
+    (torch.tensor([[0, 1]]), ValueError, r"^agents must have shape \[2, r\] with r >= 1 \(one row per run\), got \[1, 2\]$"),
+])
+def test_select_names_what_is_wrong_with_the_indices(agents, error, match):
+    with pytest.raises(error, match=match):
+        _grid_fed((3, 4)).select(agents)
+
+
+def test_select_of_an_env_backed_federation_says_why_not():
+    fed = fd.Federation.from_env(_grid_env(), _grid_policy(), 0, 0.9)
+    assert fed.can_select is False
+    with pytest.raises(ValueError, match=r"^select needs a family-backed federation: an env-backed one \(Federation\.from_env\) "
+                                         r"steps every agent's environments together$"):
+        fed.select(torch.tensor([[0]]))
+
+
+def test_a_selection_of_one_agent_or_of_int32_indices_in_any_order_matches_the_whole_federation():
+    policy = _grid_policy()
+    theta = _grid_theta(2)
+    for agents in (torch.tensor([[6], [1]]), torch.tensor([[5, 0], [2, 7]], dtype=torch.int32), torch.tensor([[0, 2], [2, 0]])):
+        full, part = _grid_fed((3, 4)), _grid_fed((3, 4))
+        every = full.sampler(full.broadcast(theta), 3)
+        chosen = part.select(agents)
+        some = chosen.sampler(chosen.broadcast(theta), 3)
+        assert torch.equal(some.rewards, every.rewards[[[0], [1]], agents.long()]) and torch.equal(some.actions, every.actions[[[0], [1]], agents.long()])
+        chosen.write_back()
+        assert part.streams.counters.dtype == torch.int64
+        assert torch.equal(part.streams.counters.gather(1, agents.long()), full.streams.counters.gather(1, agents.long()))
+        assert int(part.streams.counters.sum()) == int(full.streams.counters.gather(1, agents.long()).sum())
+    del policy
+
+
+def test_a_selections_sampler_keeps_the_federations_horizon_early_stop_and_normalizer():
+    params = stack_params(CARTPOLE.train_tasks[:3])
+    task = CARTPOLE.train_tasks[0]
+    policy = MlpPolicy(CARTPOLE.observation_space(task), CARTPOLE.action_space(task), dtype=torch.float64)
+    norm = ObservationNormalizer((4,))
+    fed = fd.Federation(CARTPOLE, params, policy, torch.tensor([2]), horizon_override=30, stop_when_done=True, normalizer=norm)
+    chosen = fed.select(torch.tensor([[2, 0]]))
+    sampler = chosen.sampler
+    assert sampler.horizon == 30 and sampler.stop_when_done is True and sampler.normalizer is norm and sampler.update_normalizer is True
+    traj = sampler(chosen.broadcast(policy.theta.detach().unsqueeze(0)), 4)
+    assert traj.rewards.shape[-1] <= 31 and norm._pending[0].item() == traj.mask.sum().item() > 0
+
+
+def test_local_rounds_of_some_agents_compute_only_those_by_default():
+    fed = _grid_fed((3,))
+    estimator = PolicyGradient(_grid_policy(), 0.9, 2)
+
+    def steps(sampler, start, gather):
+        return local_update(estimator, sampler, start, 0.1, 1)
+
+    local, mask = fed.local_round(_grid_theta(1), steps, agents_per_round=3)
+    assert int((fed.streams.counters > 0).sum()) == 3 and torch.equal((fed.streams.counters > 0).double(), mask.double())
+    assert torch.equal(local[mask == 0], fed.broadcast(_grid_theta(1))[mask == 0])
+
+
+def test_a_control_variate_round_with_no_local_step_is_refused_by_the_check():
+    fed = _grid_fed((3,))
+    control = ControlVariates.zeros(1, 8, 100, dtype=torch.float64)
+    with pytest.raises(ValueError, match="sum to > 0"):
+        fed.round(_grid_theta(1), PolicyGradient(_grid_policy(), 0.9, 2), 0.1, 0, control=control)
+
+
+def test_evaluate_is_the_mean_discounted_return_of_each_agent_from_the_evaluation_streams():
+    fed, twin = _grid_fed((3, 4)), _grid_fed((3, 4))
+    theta = _grid_theta(2)
+    value = fed.evaluate(theta, 5)
+    traj = twin.eval_sampler(twin.broadcast(theta), 5)
+    manual = (traj.rewards * traj.mask * 0.9 ** torch.arange(traj.rewards.shape[-1], dtype=torch.float64)).sum(-1).mean(-1)
+    assert value.shape == (2, 8) and torch.allclose(value, manual, rtol=1e-12, atol=0)
+    assert torch.equal(fed.evaluate(fed.broadcast(theta), 5), twin.evaluate(theta, 5))
+
+
+@pytest.mark.parametrize("alpha, m, baseline", [(1.0, 1, None), (0.3, 2, "loo"), (-0.5, 3, "mean")])
+def test_adapted_is_one_step_of_the_adaptation_gradient_from_the_evaluation_streams(alpha, m, baseline):
+    fed, twin = _grid_fed((3, 4)), _grid_fed((3, 4))
+    theta = _grid_theta(2)
+    traj = twin.eval_sampler(twin.broadcast(theta), m)
+    manual = twin.broadcast(theta) + alpha * adaptation_gradient(twin.policy, twin.broadcast(theta), traj, 0.9, baseline)
+    assert not torch.allclose(manual, twin.broadcast(theta))
+    if m > 1:  # the baseline matters (with one trajectory the leave-one-out baseline is 0)
+        other = None if baseline else "loo"
+        assert not torch.allclose(manual, twin.broadcast(theta) + alpha * adaptation_gradient(twin.policy, twin.broadcast(theta), traj, 0.9, other))
+    assert torch.allclose(fed.adapted(theta, alpha, m, baseline), manual, rtol=1e-12, atol=1e-15)
+
+
+def test_adapted_with_no_step_or_no_trajectory_returns_theta_and_draws_nothing():
+    fed = _grid_fed((3, 4))
+    theta = _grid_theta(2)
+    for alpha, m in [(0.0, 4), (0.0, 0), (2.0, 0)]:
+        assert torch.equal(fed.adapted(theta, alpha, m), fed.broadcast(theta))
+    assert int(fed.eval_streams.counters.abs().sum()) == 0
+
+
+def test_adapt_with_sampler_defaults_to_one_unit_step_at_gamma_point_nine():
+    fed, twin = _grid_fed((3,)), _grid_fed((3,))
+    theta = fed.broadcast(_grid_theta(1))
+    adapted, used = fd.adapt_with_sampler(fed.eval_sampler, fed.policy, theta, 20)
+    traj = twin.eval_sampler(theta, 20)
+    assert float(traj.rewards.sum()) > 0 and not torch.allclose(adapted, theta)
+    assert len(used) == 1 and torch.equal(used[0].rewards, traj.rewards) and torch.equal(used[0].actions, traj.actions)
+    assert torch.allclose(adapted, theta + adaptation_gradient(fed.policy, theta, traj, 0.9, None), rtol=1e-12, atol=1e-15)
+
+
+def test_a_family_federations_samplers_get_its_horizon_early_stop_and_normalizer():
+    params = stack_params(CARTPOLE.train_tasks[:2])
+    task = CARTPOLE.train_tasks[0]
+    policy = MlpPolicy(CARTPOLE.observation_space(task), CARTPOLE.action_space(task), dtype=torch.float64)
+    norm = ObservationNormalizer((4,))
+    fed = fd.Federation(CARTPOLE, params, policy, torch.tensor([2, 5]), horizon_override=30, stop_when_done=True, normalizer=norm)
+    assert fed.horizon == 30 and fed.row_params is not None
+    for sampler, updates in ((fed.sampler, True), (fed.eval_sampler, False)):
+        assert sampler.horizon == 30 and sampler.stop_when_done is True and sampler.normalizer is norm
+        assert sampler.update_normalizer is updates
+    assert fed.sampler.streams is fed.streams and fed.eval_sampler.streams is fed.eval_streams
+    plain = fd.Federation(CARTPOLE, params, policy, torch.tensor([2, 5]))
+    assert plain.horizon == 499 and plain.sampler.horizon is None and plain.sampler.stop_when_done is False
+    assert plain.sampler.normalizer is None and plain.eval_sampler.normalizer is None
+
+
+def test_an_env_federation_shares_its_normalizer_with_evaluation_and_has_no_row_params():
+    norm = ObservationNormalizer((1,))
+    fed = fd.Federation.from_env(_grid_env(), _grid_policy(), 1, 0.9, normalizer=norm)
+    assert fed.row_params is None and fed.eval_sampler.normalizer is norm and fed.sampler.normalizer is norm
