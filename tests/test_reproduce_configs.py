@@ -304,3 +304,16 @@ def test_a_quick_reproduce_run_shows_progress_on_stderr_and_results_on_stdout(tm
     assert "alpha" in run.stderr and "%|" in run.stderr and "round" in run.stderr  # tqdm's bar with its rate
     assert "--quick smoke runs" in run.stderr
     assert run.stdout.startswith("alpha: ") and "%|" not in run.stdout
+
+
+def test_the_methods_policy_initialization_reaches_the_policy():
+    from fedrl_algos.policies import MlpPolicy
+    from fedrl_algos.reproduce.mfpo import Population
+
+    default = Population("pendulum", [0], 2, MethodConfig(squash="tanh")).policy
+    assert default.init_std == [0.5, 0.5, 0.1] and default.log_std_init == 0.0
+    pop = Population("pendulum", [0], 2, MethodConfig(squash="tanh", init_std=(0.5, 0.01), log_std_init=-0.5))
+    assert pop.policy.init_std == [0.5, 0.5, 0.01] and pop.policy.log_std_init == -0.5
+    same = MlpPolicy(pop.policy.observation_space, pop.policy.action_space, net_arch=(16, 16), squash="tanh", init_std=(0.5, 0.01),
+                     log_std_init=-0.5)
+    assert torch.equal(pop.policy.theta, same.theta) and float(pop.policy.theta[-1]) == -0.5

@@ -127,6 +127,9 @@ class MethodConfig:
     :param n_envs: environments per agent of the Gymnasium rows' federated env
     :param normalize_advantage: MFPO and FedAvg-PG divide each agent batch's step weights by their
         standard deviation (:func:`~fedrl_algos.core.gpomdp.normalize_step_weights`; not the paper's)
+    :param init_std: the MLP policy's initialization scale per weight layer (``MlpPolicy``'s
+        ``init_std``; default: its own, N(0, 0.5²) hidden and N(0, 0.1²) last layer)
+    :param log_std_init: the Gaussian head's initial log standard deviation (continuous actions)
     """
 
     local_steps: int = 10
@@ -149,6 +152,8 @@ class MethodConfig:
     horizon: int | None = None
     n_envs: int = 20
     normalize_advantage: bool = False
+    init_std: float | tuple[float, ...] = (0.5, 0.1)
+    log_std_init: float = 0.0
 
     def __post_init__(self) -> None:
         check_server_optimizer("server_optimizer", self.server_optimizer)
@@ -192,7 +197,8 @@ class Population:
         one = tasks[0]
         actions = self.family.action_space(one)
         self.policy = MlpPolicy(self.family.observation_space(one), actions, net_arch=cfg.net_arch, activation=cfg.activation,
-                                squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
+                                squash=cfg.squash if isinstance(actions, spaces.Box) else None, init_std=cfg.init_std,
+                                log_std_init=cfg.log_std_init).to(device)
         self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
@@ -216,7 +222,8 @@ class Population:
             self.policy = CnnPolicy(space, actions, squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
         else:
             self.policy = MlpPolicy(space, actions, net_arch=cfg.net_arch, activation=cfg.activation,
-                                    squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
+                                    squash=cfg.squash if isinstance(actions, spaces.Box) else None, init_std=cfg.init_std,
+                                    log_std_init=cfg.log_std_init).to(device)
         eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
         self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env, stop_when_done=True)
 
