@@ -299,3 +299,32 @@ def test_save_and_load_keep_the_squash(tmp_path):
     policy.save(tmp_path / "policy.pt")
     loaded = MlpPolicy.load(tmp_path / "policy.pt")
     assert loaded.squash == "tanh" and loaded.activation_name == "relu" and torch.equal(loaded.theta, policy.theta)
+
+
+@pytest.mark.parametrize("squash", [None, "tanh"])
+def test_orthogonal_initialization_is_sb3s_ortho_init(squash):
+    """``init_gains=(√2, 0.01)``: every layer's [out, in] weight has orthogonal rows or columns times its gain."""
+    obs_space = gym.spaces.Box(-1.0, 1.0, (11,), np.float32)
+    act_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    policy = MlpPolicy(obs_space, act_space, net_arch=(64, 8), activation="relu", squash=squash, init_gains=(math.sqrt(2.0), 0.01),
+                       log_std_init=-0.5, dtype=torch.float64)
+    theta, offset = policy.theta.detach(), 0
+    for k, (i, o) in enumerate([(11, 64), (64, 8), (8, 3)]):
+        weight = theta[offset : offset + i * o].reshape(i, o).T  # torch's [out, in]
+        gain = 0.01 if k == 2 else math.sqrt(2.0)
+        gram = weight @ weight.T if o <= i else weight.T @ weight
+        torch.testing.assert_close(gram, gain**2 * torch.eye(min(i, o), dtype=torch.float64), rtol=0, atol=1e-12)
+        assert bool((theta[offset + i * o : offset + i * o + o] == 0).all())
+        offset += i * o + o
+    assert offset + 3 == policy.n_params and theta[-3:].tolist() == [-0.5] * 3
+    again = MlpPolicy(**policy._get_constructor_parameters())
+    assert again.init_gains == (math.sqrt(2.0), 0.01) and torch.equal(again.theta, policy.theta)
+    assert not torch.equal(policy.initial_parameters(seed=1), policy.theta)
+    default = MlpPolicy(obs_space, act_space, net_arch=(64, 8), dtype=torch.float64)
+    assert default.init_gains is None and default.init_std == [0.5, 0.5, 0.1]
+
+
+@pytest.mark.parametrize("gains", [(1.0,), (1.0, 0.0), (1.0, float("nan")), "ab", (True, 1.0), None.__class__])
+def test_orthogonal_initialization_gains_are_checked(gains):
+    with pytest.raises(ValueError, match=r"^init_gains must be a pair of positive numbers \(hidden, last\), got "):
+        MlpPolicy(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2), init_gains=gains)

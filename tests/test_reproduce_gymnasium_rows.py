@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from fedrl_algos.policies import MlpPolicy
 from fedrl_algos.reproduce import EXPERIMENTS
 from fedrl_algos.reproduce.mfpo import GENERIC_ENVS, MethodConfig, Population, generic_agent_kwargs, paper_methods
 
@@ -44,6 +45,7 @@ def test_paper_settings_of_the_gymnasium_rows():
     """Section VI-A3: 256-unit ReLU layers, tanh-Gaussian outputs and K = 20 outside classic control."""
     cfg = paper_methods("hopper", MethodConfig())
     assert (cfg.net_arch, cfg.activation, cfg.squash, cfg.local_steps, cfg.n_trajectories) == ((256, 256), "relu", "tanh", 20, 20)
+    assert cfg.init_gains == (math.sqrt(2.0), 0.01)  # SB3's orthogonal initialization: the actions start unsaturated
     assert paper_methods("cartpole", MethodConfig()) == MethodConfig()  # classic control keeps its settings
     custom = MethodConfig(local_steps=3)
     assert paper_methods("hopper", custom) is custom  # a user's settings are kept
@@ -61,3 +63,15 @@ def test_a_seed_alone_equals_the_same_seed_batched():
     b = one.federation.sampler(one.federation.broadcast(theta[1:]), 2)
     for x, y in zip(a, b):
         assert torch.equal(x[1], y[0])
+
+
+def test_the_mujoco_rows_initial_policy_does_not_saturate_its_actions():
+    """With the classic-control initialization (N(0, 0.5²) hidden weights) a 256-unit network's
+    pre-squash means are ~15 on Hopper's states: every action at the bounds, every hopper falling."""
+    pop = Population("hopper", [0], 2, paper_methods("hopper", MethodConfig()))
+    theta = pop.initial_theta()
+    traj = pop.federation.eval_sampler(pop.federation.broadcast(theta), 2)
+    obs = traj.obs[traj.mask > 0].float()
+    assert float(pop.policy.head(theta[0].float(), obs).abs().max()) < 0.1
+    wide = MlpPolicy(pop.policy.observation_space, pop.policy.action_space, net_arch=(256, 256), activation="relu", squash="tanh")
+    assert float(wide.head(wide.theta.detach(), obs).abs().median()) > 3.0

@@ -16,6 +16,8 @@ Parameter layouts (documented because experiments and tests index into them):
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,7 +31,39 @@ from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 
-__all__ = ["FlatPolicy", "CategoricalMixin", "sample_categorical"]
+__all__ = ["FlatPolicy", "CategoricalMixin", "sample_categorical", "orthogonal_matrix", "check_init_gains"]
+
+
+def orthogonal_matrix(rows: int, cols: int, gain: float, streams: RandomStreams) -> torch.Tensor:
+    """A ``[rows, cols]`` (semi-)orthogonal matrix times ``gain``, float64, from one draw of ``streams``.
+
+    The same construction as ``torch.nn.init.orthogonal_`` (QR of a standard normal matrix, columns
+    signed by ``diag(R)`` so the result is Haar-distributed), but the normals come from a counter-based
+    stream instead of the global generator: the same seed gives the same matrix (QR runs in float64
+    on the CPU; another LAPACK build may differ in the last bits).
+
+    :param rows: number of rows
+    :param cols: number of columns
+    :param gain: scale of the result
+    :param streams: a single stream (batch shape ``(1,)``); ``rows · cols`` normals are drawn from it
+    """
+    z = streams.normal((rows * cols,), dtype=torch.float64)[0].cpu().reshape(rows, cols)
+    tall = z if rows >= cols else z.T  # QR orthonormalizes columns: work on the tall orientation
+    q, r = torch.linalg.qr(tall)
+    q = q * torch.where(torch.diagonal(r) >= 0, 1.0, -1.0)
+    return gain * (q if rows >= cols else q.T)
+
+
+def check_init_gains(init_gains: Any, meaning: str) -> tuple[float, float]:
+    """``init_gains`` as a pair of floats, or a ``ValueError`` naming it (``meaning``: what the two gains scale)."""
+    ok = isinstance(init_gains, Sequence) and not isinstance(init_gains, str) and len(init_gains) == 2
+    try:
+        gains = (float(init_gains[0]), float(init_gains[1])) if ok else None
+    except (TypeError, ValueError):
+        gains = None
+    if gains is None or isinstance(init_gains[0], bool) or isinstance(init_gains[1], bool) or not all(math.isfinite(g) and g > 0 for g in gains):
+        raise ValueError(f"init_gains must be a pair of positive numbers {meaning}, got {init_gains!r}")
+    return gains
 
 
 def sample_categorical(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

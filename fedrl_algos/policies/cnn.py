@@ -29,7 +29,6 @@ oneDNN's grouped kernel handles many narrow groups poorly, so ``"auto"`` (the de
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from gymnasium import spaces
 
-from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
+from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_envs.rng import RandomStreams, derive_keys
 
@@ -50,24 +49,6 @@ CONV_BATCHINGS = ("auto", "grouped", "rows")
 NATURE_CONVS: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 
 
-def orthogonal_matrix(rows: int, cols: int, gain: float, streams: RandomStreams) -> torch.Tensor:
-    """A ``[rows, cols]`` (semi-)orthogonal matrix times ``gain``, float64, from one draw of ``streams``.
-
-    The same construction as ``torch.nn.init.orthogonal_`` (QR of a standard normal matrix, columns
-    signed by ``diag(R)`` so the result is Haar-distributed), but the normals come from a counter-based
-    stream instead of the global generator: the same seed gives the same matrix (QR runs in float64
-    on the CPU; another LAPACK build may differ in the last bits).
-
-    :param rows: number of rows
-    :param cols: number of columns
-    :param gain: scale of the result
-    :param streams: a single stream (batch shape ``(1,)``); ``rows · cols`` normals are drawn from it
-    """
-    z = streams.normal((rows * cols,), dtype=torch.float64)[0].cpu().reshape(rows, cols)
-    tall = z if rows >= cols else z.T  # QR orthonormalizes columns: work on the tall orientation
-    q, r = torch.linalg.qr(tall)
-    q = q * torch.where(torch.diagonal(r) >= 0, 1.0, -1.0)
-    return gain * (q if rows >= cols else q.T)
 
 
 def _conv_out(size: int, kernel: int, stride: int) -> int:
@@ -137,10 +118,8 @@ class CnnPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         self.gaussian, out_dim, self.action_head = action_head_for(action_space, squash, "CnnPolicy")
         if isinstance(features_dim, bool) or not isinstance(features_dim, int | np.integer) or features_dim < 1:
             raise ValueError(f"features_dim must be a positive int, got {features_dim!r}")
-        if not (isinstance(init_gains, Sequence) and len(init_gains) == 2 and all(math.isfinite(float(g)) and float(g) > 0 for g in init_gains)):
-            raise ValueError(f"init_gains must be a pair of positive numbers (features, head), got {init_gains!r}")
         self.features_dim = int(features_dim)
-        self.init_seed, self.init_gains = int(init_seed), (float(init_gains[0]), float(init_gains[1]))
+        self.init_seed, self.init_gains = int(init_seed), check_init_gains(init_gains, "(features, head)")
         self.log_std_init = float(log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
         self.squash, self.action_dim = squash, out_dim

@@ -17,7 +17,7 @@ from torch import nn
 
 from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
+from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_envs.rng import RandomStreams, derive_keys
@@ -93,6 +93,9 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         parameters (``torch.nn.Tanh``, ``torch.nn.ReLU``, ``torch.nn.ELU``, ...)
     :param init_std: standard deviation of each weight layer's initialization (first, ..., last);
         a single float applies to all layers
+    :param init_gains: ``(hidden, last)``: orthogonal initialization instead, as SB3's
+        ``ActorCriticPolicy`` makes it (``ortho_init``: gain √2 for the hidden layers and 0.01 for
+        the action layer, biases zero), drawn from ``init_seed``; ``None`` (default): ``init_std``
     :param init_seed: seed of the initialization
     :param log_std_init: initial log standard deviation (Gaussian head only)
     :param log_std_bounds: ``(low, high)`` clamp of the log standard deviation, or ``None``
@@ -109,6 +112,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         activation: str | None = None,
         init_std: float | Sequence[float] = (0.5, 0.1),
         init_seed: int = 0,
+        init_gains: tuple[float, float] | None = None,
         log_std_init: float = 0.0,
         log_std_bounds: tuple[float, float] | None = (-20.0, 2.0),
         squash: str | None = None,
@@ -130,6 +134,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         if len(stds) != n_layers:
             raise ValueError(f"init_std must give one value per weight layer ({n_layers}), got {init_std}")
         self.net_arch, self.init_std = list(net_arch), stds
+        self.init_gains = None if init_gains is None else check_init_gains(init_gains, "(hidden, last)")
         self.init_seed, self.log_std_init = int(init_seed), float(log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
         self.squash = squash
@@ -144,8 +149,17 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     def initial_parameters(self, seed: int | None = None) -> torch.Tensor:
         """The initialization from ``seed`` (default ``init_seed``): ``[d]``."""
         streams = RandomStreams(derive_keys(self.init_seed if seed is None else seed, torch.arange(1)))
-        z = streams.normal((self.n_params,), dtype=torch.float64)[0]
         pieces, offset = [], 0
+        if self.init_gains is not None:
+            layers = list(zip(self.sizes[:-1], self.sizes[1:]))
+            for k, (i, o) in enumerate(layers):
+                gain = self.init_gains[1] if k == len(layers) - 1 else self.init_gains[0]
+                # Drawn as torch's [out, in] Linear weight, stored as θ's [in, out].
+                pieces += [orthogonal_matrix(o, i, gain, streams).T.reshape(-1), torch.zeros(o, dtype=torch.float64)]
+            if self.gaussian:
+                pieces.append(torch.full((self.action_dim,), self.log_std_init, dtype=torch.float64))
+            return torch.cat(pieces).to(self.param_dtype)
+        z = streams.normal((self.n_params,), dtype=torch.float64)[0]
         for (i, o), std in zip(zip(self.sizes[:-1], self.sizes[1:]), self.init_std):
             pieces.append(z[offset : offset + i * o] * std)
             pieces.append(torch.zeros(o, dtype=torch.float64))
@@ -218,6 +232,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             activation=self.activation_name,
             init_std=self.init_std,
             init_seed=self.init_seed,
+            init_gains=self.init_gains,
             log_std_init=self.log_std_init,
             log_std_bounds=self.log_std_bounds,
             squash=self.squash,

@@ -28,6 +28,7 @@ or ``MFPOComparison.config(env="pendulum", sweeps=False)`` changes fields.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -130,6 +131,8 @@ class MethodConfig:
     :param init_std: the MLP policy's initialization scale per weight layer (``MlpPolicy``'s
         ``init_std``; default: its own, N(0, 0.5²) hidden and N(0, 0.1²) last layer)
     :param log_std_init: the Gaussian head's initial log standard deviation (continuous actions)
+    :param init_gains: ``(hidden, last)`` gains of an orthogonal initialization instead of
+        ``init_std`` (``MlpPolicy``'s ``init_gains``; the MuJoCo rows use SB3's ``(√2, 0.01)``)
     """
 
     local_steps: int = 10
@@ -154,6 +157,7 @@ class MethodConfig:
     normalize_advantage: bool = False
     init_std: float | tuple[float, ...] = (0.5, 0.1)
     log_std_init: float = 0.0
+    init_gains: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         check_server_optimizer("server_optimizer", self.server_optimizer)
@@ -198,7 +202,7 @@ class Population:
         actions = self.family.action_space(one)
         self.policy = MlpPolicy(self.family.observation_space(one), actions, net_arch=cfg.net_arch, activation=cfg.activation,
                                 squash=cfg.squash if isinstance(actions, spaces.Box) else None, init_std=cfg.init_std,
-                                log_std_init=cfg.log_std_init).to(device)
+                                log_std_init=cfg.log_std_init, init_gains=cfg.init_gains).to(device)
         self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
@@ -223,7 +227,7 @@ class Population:
         else:
             self.policy = MlpPolicy(space, actions, net_arch=cfg.net_arch, activation=cfg.activation,
                                     squash=cfg.squash if isinstance(actions, spaces.Box) else None, init_std=cfg.init_std,
-                                    log_std_init=cfg.log_std_init).to(device)
+                                    log_std_init=cfg.log_std_init, init_gains=cfg.init_gains).to(device)
         eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
         self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env, stop_when_done=True)
 
@@ -636,7 +640,11 @@ def paper_methods(env: str, methods: MethodConfig) -> MethodConfig:
     episode cap :data:`ATARI_HORIZON`."""
     if env in GENERIC_ENVS and methods == MethodConfig():
         horizon = ATARI_HORIZON if env in ("pong", "breakout") else None
-        return replace(methods, local_steps=20, net_arch=(256, 256), activation="relu", squash="tanh", horizon=horizon)
+        # SB3's orthogonal initialization: the classic-control default (N(0, 0.5²) hidden weights)
+        # saturates a 256-unit network's tanh-squashed actions from the start (the Nature CNN of
+        # the Atari rows has this initialization already).
+        return replace(methods, local_steps=20, net_arch=(256, 256), activation="relu", squash="tanh", horizon=horizon,
+                       init_gains=(math.sqrt(2.0), 0.01))
     return methods
 
 
