@@ -420,7 +420,7 @@ PAPER_BUDGET = 1e6
 #: reduced runs that fit a 2-core machine (the classic-control rows run the paper's 1e6; ``--budget
 #: paper`` gives 1e6 on every row). A run stops at the end of the round that passes its budget, and
 #: a round is K·D = 400 trajectories per agent (800 in the first, with D̃), so these are one round
-#: (HalfCheetah, Atari) or two (Hopper, ~1.2e4 steps per agent a round while episodes are short).
+#: (HalfCheetah, Atari, MFPO on Hopper: 26,098 steps per agent in its first round) or two (FedAvg-PG on Hopper).
 #: Even one round is hours at 10 seeds on 2 cores (the fixed-horizon rollouts step all H + 1 steps):
 #: measured wall times in :data:`MEASURED_RATES` and docs/reproduction_mfpo.md
 REDUCED_BUDGETS = {"halfcheetah": 1e3, "hopper": 2e4, "pong": 1e3, "breakout": 1e3}
@@ -440,22 +440,23 @@ SB3_REDUCED_BUDGETS = {"cartpole": 2e4, "pendulum": 1e4, "halfcheetah": 1e4, "ho
 #: FedPG-BR 310 s at 1e6; Fed-DQN 784 s at 2e4), Pendulum 3 seeds at 1e6 (31, 20, 151 s) and Fed-SAC
 #: 2 seeds at 1e4 (800 s), byzantine 5 seeds at 1e6. The agents sweep (3 seeds: 19–256 s for N = 1–50)
 #: agrees with the MFPO rate times the agents to within 5 %. MuJoCo/Atari, per *counted* step (until
-#: each episode ends): Hopper, the default comparison (10 agents, 1 seed, the reduced 2e4 budget,
-#: load 3.4): MFPO 88.9 s for 23,133 steps per agent, FedAvg-PG 52.7 s for 21,748, FedPG-BR 91.2 s
-#: for 20,177 (rollouts stop, and the estimators skip the padding, once every episode has ended);
+#: each episode ends): Hopper, 10 agents, 3 seeds, SB3's orthogonal initialization (load about 2):
+#: MFPO 1,167 s for 61,756 steps per agent (budget 6e4), FedAvg-PG 533 s for 43,079, FedPG-BR
+#: 411 s for 22,827 (budget 2e4; rollouts stop, and the estimators skip the padding, once every
+#: episode has ended);
 #: Pong 1 agent with K = 2 (60 trajectories of ~917 steps), 256 s for 55,025 steps per agent (load
 #: 4–6, before that change). HalfCheetah and Breakout have none.
 MEASURED_RATES: dict[str, dict[str, float]] = {
     "cartpole": {"MFPO": 1.83, "FedAvg-PG": 1.01, "FedPG-BR": 3.10, "Fed-DQN": 392.0},
     "pendulum": {"MFPO": 1.03, "FedAvg-PG": 0.67, "FedPG-BR": 5.03, "Fed-SAC": 4000.0},
-    "hopper": {"MFPO": 384.0, "FedAvg-PG": 242.0, "FedPG-BR": 452.0},
+    "hopper": {"MFPO": 630.0, "FedAvg-PG": 412.0, "FedPG-BR": 600.0},
     "pong": {"MFPO": 4645.0},
 }
 #: environment steps per agent of a comparison's first round with the row's default methods (a run
 #: never stops before it ends, so the estimates use at least this much): Hopper measured (MFPO, 10
-#: agents, round 1); Pong from the measured ~917 steps a trajectory times the round's
+#: agents, round 1: 26,098); Pong from the measured ~917 steps a trajectory times the round's
 #: D̃ + (K − 1)·D = 780 trajectories
-FIRST_ROUND_STEPS: dict[str, float] = {"hopper": 11620.0, "pong": 7.15e5}
+FIRST_ROUND_STEPS: dict[str, float] = {"hopper": 26100.0, "pong": 7.15e5}
 BYZANTINE_RATES: dict[str, dict[tuple[str, str], float]] = {
     "cartpole": {("FedPG-BR", "none"): 3.72, ("FedPG-BR", "random_noise"): 3.30, ("FedPG-BR", "sign_flip"): 3.88,
                  ("FedAvg-PG", "none"): 0.98, ("FedAvg-PG", "random_noise"): 1.44, ("FedAvg-PG", "sign_flip"): 3.56},
