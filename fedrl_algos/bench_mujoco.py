@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos._cli_args import _int_at_least, finish_bench, positive_int, set_threads
 from fedrl_algos.bench_training import _count_steps, _time_rounds
 
 __all__ = ["MujocoBenchRecord", "bench_mujoco", "add_mujoco_target", "METHODS"]
@@ -112,8 +112,8 @@ def bench_mujoco(
     :param env_id: a Gymnasium MuJoCo id (the agents differ by their bodies' mass scales)
     :param methods: names from :data:`METHODS`
     :param n_agents: agents of each federation
-    :param trajectories: trajectories per agent per local step (MFPO's and FedAvg-PG's D; FedPG-BR's
-        B_max, with B_min one less and inner batches of half)
+    :param trajectories: trajectories per agent per local step, at least 2 (MFPO's and FedAvg-PG's D;
+        FedPG-BR's B_max, with B_min one less but at least 2, and inner batches of half)
     :param local_steps: K of MFPO and FedAvg-PG
     :param rounds: timed rounds, after one warm-up round
     :param ppo_timesteps: PPO's timesteps (its rollouts are ``min(2048, ppo_timesteps)`` steps)
@@ -176,6 +176,10 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_least_two(text: str) -> int:
+    return _int_at_least(text, 2)
+
+
 def add_mujoco_target(targets: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench mujoco`` to the bench sub-commands."""
     p = targets.add_parser(
@@ -187,13 +191,13 @@ def add_mujoco_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--env", default="HalfCheetah-v5", help="Gymnasium MuJoCo id (default HalfCheetah-v5)")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), help="methods to time")
     p.add_argument("--agents", type=positive_int, default=2, help="agents of each federation (default 2)")
-    p.add_argument("--trajectories", type=positive_int, default=4, help="trajectories per agent per local step (default 4)")
+    p.add_argument("--trajectories", type=_at_least_two, default=4, help="trajectories per agent per local step, >= 2 (default 4)")
     p.add_argument("--local-steps", type=positive_int, default=2, help="K of MFPO and FedAvg-PG (default 2)")
     p.add_argument("--rounds", type=positive_int, default=1, help="timed rounds after one warm-up round (default 1)")
     p.add_argument("--ppo-timesteps", type=positive_int, default=4096, help="PPO's learn() timesteps (default 4096)")
     p.add_argument("--device", default="cpu", help="torch device of the federations")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--quick", action="store_true", help="a smoke run: 2 trajectories, K = 1, 256 PPO steps")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 2 trajectories, K = 1, 256 PPO steps (over those options)")
     p.add_argument("--seed", type=int, default=0, help="seed of the models and envs")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd)

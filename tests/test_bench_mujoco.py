@@ -46,3 +46,9 @@ def test_the_command_writes_json(tmp_path, capsys):
     assert "PPO steps/s" in out and "FedAvg-PG" in out
     (record,) = json.loads(path.read_text())
     assert record["method"] == "FedAvg-PG" and record["ratio"] > 0 and record["ppo_timesteps"] == 256
+
+
+def test_the_command_refuses_a_single_trajectory(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "mujoco", "--trajectories", "1"])
+    assert "--trajectories" in capsys.readouterr().err

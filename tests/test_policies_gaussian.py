@@ -324,7 +324,16 @@ def test_orthogonal_initialization_is_sb3s_ortho_init(squash):
     assert default.init_gains is None and default.init_std == [0.5, 0.5, 0.1]
 
 
-@pytest.mark.parametrize("gains", [(1.0,), (1.0, 0.0), (1.0, float("nan")), "ab", (True, 1.0), None.__class__])
+@pytest.mark.parametrize("gains", [(1.0,), (1.0, 0.0), (1.0, float("nan")), "ab", ("1", "2"), (True, 1.0), 1.0])
 def test_orthogonal_initialization_gains_are_checked(gains):
     with pytest.raises(ValueError, match=r"^init_gains must be a pair of positive numbers \(hidden, last\), got "):
         MlpPolicy(gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2), init_gains=gains)
+
+
+def test_a_default_policy_saves_no_init_gains_and_an_orthogonal_one_round_trips(tmp_path):
+    obs_space, act_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32), gym.spaces.Discrete(2)
+    assert "init_gains" not in MlpPolicy(obs_space, act_space)._get_constructor_parameters()  # loadable by earlier versions
+    policy = MlpPolicy(obs_space, act_space, init_gains=(1.0, 0.5))
+    policy.save(tmp_path / "policy.pt")
+    loaded = MlpPolicy.load(tmp_path / "policy.pt")
+    assert loaded.init_gains == (1.0, 0.5) and torch.equal(loaded.theta, policy.theta)

@@ -224,21 +224,24 @@ def test_the_expected_wall_time_is_printed_to_stderr_before_the_run(calls, tmp_p
     assert "unknown" in EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="breakout"), 3).describe()
     # measured rows: MFPO on Hopper and Pong at their reduced default budgets, never less than the
     # first round that a run always completes (Pong's 1e3 budget is one round of ~7e5 steps per agent)
-    from fedrl_algos.reproduce.mfpo import FIRST_ROUND_STEPS
+    from fedrl_algos.reproduce.mfpo import FIRST_ROUND_STEPS, _least_steps
 
+    assert _least_steps("hopper", "FedAvg-PG") == FIRST_ROUND_STEPS["hopper"]["FedAvg-PG"] and _least_steps("cartpole", "MFPO") == 0.0
     for env in ("hopper", "pong"):
         config = EXPERIMENTS["mfpo"].config(env=env, sweeps=False)
         est = EXPERIMENTS["mfpo"].estimate_wall_time(config, 3)
-        steps = max(config.resolved_budget, FIRST_ROUND_STEPS[env])
+        steps = max(config.resolved_budget, _least_steps(env, "MFPO"))
         assert est.parts["MFPO"] == pytest.approx(3 * 10 * steps / 1e6 * MEASURED_RATES[env]["MFPO"])
         if env == "pong":
             assert est.parts["FedAvg-PG"] is None and "unknown" in est.describe()
     hopper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper", sweeps=False), 10)
     # 2e4 steps per agent (one MFPO round runs 26,100), 10 seeds × 10 agents: ≈ 27 min for MFPO, every method measured
     assert 20 * 60 < hopper.parts["MFPO"] < 35 * 60 and set(hopper.parts) >= {"MFPO", "FedAvg-PG", "FedPG-BR"}
-    assert hopper.parts["FedPG-BR"] == pytest.approx(10 * 10 * max(2e4, FIRST_ROUND_STEPS["hopper"]) / 1e6 * MEASURED_RATES["hopper"]["FedPG-BR"])
+    for method in ("FedAvg-PG", "FedPG-BR"):  # whole rounds: FedAvg-PG's default run takes two
+        expected = 10 * 10 * max(2e4, FIRST_ROUND_STEPS["hopper"][method]) / 1e6 * MEASURED_RATES["hopper"][method]
+        assert hopper.parts[method] == pytest.approx(expected)
     paper = EXPERIMENTS["mfpo"].estimate_wall_time(EXPERIMENTS["mfpo"].config(env="hopper", budget=1e6, sweeps=False), 10)
-    assert paper.parts["MFPO"] == pytest.approx(1e6 / max(2e4, FIRST_ROUND_STEPS["hopper"]) * hopper.parts["MFPO"])
+    assert paper.parts["MFPO"] == pytest.approx(1e6 / max(2e4, FIRST_ROUND_STEPS["hopper"]["MFPO"]) * hopper.parts["MFPO"])
     # ``all`` runs every experiment and prints their total
     calls.clear()
     assert main(["reproduce", "all", "--out", str(tmp_path)]) == 0
@@ -317,3 +320,5 @@ def test_the_methods_policy_initialization_reaches_the_policy():
     same = MlpPolicy(pop.policy.observation_space, pop.policy.action_space, net_arch=(16, 16), squash="tanh", init_std=(0.5, 0.01),
                      log_std_init=-0.5)
     assert torch.equal(pop.policy.theta, same.theta) and float(pop.policy.theta[-1]) == -0.5
+    orthogonal = Population("pendulum", [0], 2, MethodConfig(squash="tanh", init_gains=(1.0, 0.5))).policy
+    assert orthogonal.init_gains == (1.0, 0.5)

@@ -73,5 +73,7 @@ def test_the_mujoco_rows_initial_policy_does_not_saturate_its_actions():
     traj = pop.federation.eval_sampler(pop.federation.broadcast(theta), 2)
     obs = traj.obs[traj.mask > 0].float()
     assert float(pop.policy.head(theta[0].float(), obs).abs().max()) < 0.1
+    custom = Population("hopper", [0], 1, MethodConfig(net_arch=(8,), init_std=(0.3, 0.02), log_std_init=-0.5)).policy
+    assert custom.init_std == [0.3, 0.02] and custom.log_std_init == -0.5 and custom.init_gains is None
     wide = MlpPolicy(pop.policy.observation_space, pop.policy.action_space, net_arch=(256, 256), activation="relu", squash="tanh")
     assert float(wide.head(wide.theta.detach(), obs).abs().median()) > 3.0

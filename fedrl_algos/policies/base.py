@@ -17,6 +17,7 @@ Parameter layouts (documented because experiments and tests index into them):
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -56,12 +57,10 @@ def orthogonal_matrix(rows: int, cols: int, gain: float, streams: RandomStreams)
 
 def check_init_gains(init_gains: Any, meaning: str) -> tuple[float, float]:
     """``init_gains`` as a pair of floats, or a ``ValueError`` naming it (``meaning``: what the two gains scale)."""
-    ok = isinstance(init_gains, Sequence) and not isinstance(init_gains, str) and len(init_gains) == 2
-    try:
-        gains = (float(init_gains[0]), float(init_gains[1])) if ok else None
-    except (TypeError, ValueError):
-        gains = None
-    if gains is None or isinstance(init_gains[0], bool) or isinstance(init_gains[1], bool) or not all(math.isfinite(g) and g > 0 for g in gains):
+    ok = (isinstance(init_gains, Sequence) and not isinstance(init_gains, str) and len(init_gains) == 2
+          and all(isinstance(g, numbers.Real) and not isinstance(g, bool) for g in init_gains))
+    gains = (float(init_gains[0]), float(init_gains[1])) if ok else None
+    if gains is None or not all(math.isfinite(g) and g > 0 for g in gains):
         raise ValueError(f"init_gains must be a pair of positive numbers {meaning}, got {init_gains!r}")
     return gains
 

@@ -49,8 +49,6 @@ CONV_BATCHINGS = ("auto", "grouped", "rows")
 NATURE_CONVS: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
 
 
-
-
 def _conv_out(size: int, kernel: int, stride: int) -> int:
     return (size - kernel) // stride + 1
 

@@ -232,11 +232,12 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             activation=self.activation_name,
             init_std=self.init_std,
             init_seed=self.init_seed,
-            init_gains=self.init_gains,
             log_std_init=self.log_std_init,
             log_std_bounds=self.log_std_bounds,
             squash=self.squash,
         )
+        if self.init_gains is not None:  # only when set: files of the default policy stay loadable by earlier versions
+            data.update(init_gains=self.init_gains)
         if self.activation_name is None:
             # An activation other than tanh/relu is saved as its class (SB3 saves activation_fn so too).
             data.update(activation=None, activation_fn=self.activation_fn)

@@ -452,11 +452,21 @@ MEASURED_RATES: dict[str, dict[str, float]] = {
     "hopper": {"MFPO": 630.0, "FedAvg-PG": 412.0, "FedPG-BR": 600.0},
     "pong": {"MFPO": 4645.0},
 }
-#: environment steps per agent of a comparison's first round with the row's default methods (a run
-#: never stops before it ends, so the estimates use at least this much): Hopper measured (MFPO, 10
-#: agents, round 1: 26,098); Pong from the measured ~917 steps a trajectory times the round's
+#: environment steps per agent that a comparison's run takes at least, because it stops only at the
+#: end of a round (one number for every method, or one per method): Hopper measured at its default
+#: 2e4 budget, 10 agents (MFPO: its first round, 26,098; FedAvg-PG: the two rounds that pass 2e4,
+#: 43,079; FedPG-BR: 22,827); Pong from the measured ~917 steps a trajectory times the round's
 #: D̃ + (K − 1)·D = 780 trajectories
-FIRST_ROUND_STEPS: dict[str, float] = {"hopper": 26100.0, "pong": 7.15e5}
+FIRST_ROUND_STEPS: dict[str, float | dict[str, float]] = {
+    "hopper": {"MFPO": 26100.0, "FedAvg-PG": 43100.0, "FedPG-BR": 22800.0},
+    "pong": 7.15e5,
+}
+
+
+def _least_steps(env: str, method: str) -> float:
+    """The steps per agent a run of ``method`` on ``env`` takes at least (:data:`FIRST_ROUND_STEPS`)."""
+    least = FIRST_ROUND_STEPS.get(env, 0.0)
+    return float(least.get(method, 0.0)) if isinstance(least, dict) else float(least)
 BYZANTINE_RATES: dict[str, dict[tuple[str, str], float]] = {
     "cartpole": {("FedPG-BR", "none"): 3.72, ("FedPG-BR", "random_noise"): 3.30, ("FedPG-BR", "sign_flip"): 3.88,
                  ("FedAvg-PG", "none"): 0.98, ("FedAvg-PG", "random_noise"): 1.44, ("FedAvg-PG", "sign_flip"): 3.56},
@@ -737,7 +747,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
         def expect(method: str, budget: float, agents: int) -> float | None:
             rate = rates.get(method)
             if method not in SB3_BASELINES[config.env] and budget > 0:
-                budget = max(budget, FIRST_ROUND_STEPS.get(config.env, 0.0))  # whole rounds
+                budget = max(budget, _least_steps(config.env, method))  # whole rounds
             return None if rate is None else rate * seeds * agents * budget / 1e6
 
         if config.comparison:
