@@ -86,8 +86,11 @@ def _ppo_rate(env_id: str, timesteps: int, seed: int) -> tuple[int, float]:
     import gymnasium as gym
     from stable_baselines3 import PPO
 
+    from fedrl_algos.common.learn import make_logger
+
     env = gym.make(env_id)
     model = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, n_steps=min(2048, timesteps), batch_size=64)
+    model.set_logger(make_logger(0, None, "PPO", True))  # not SB3's default: it makes an empty folder in the temp directory
     start = time.perf_counter()
     model.learn(total_timesteps=timesteps)
     elapsed = time.perf_counter() - start

@@ -12,7 +12,8 @@ from fedrl_algos.bench_mujoco import METHODS, _model, bench_mujoco  # noqa: E402
 from fedrl_algos.cli import main  # noqa: E402
 
 
-def test_records_count_the_steps_inside_episodes_and_time_ppo_on_one_env():
+def test_records_count_the_steps_inside_episodes_and_time_ppo_on_one_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3"))  # where SB3's default logger would make its folder
     records = bench_mujoco("Hopper-v5", methods=("FedAvg-PG", "FedPG-BR"), n_agents=2, trajectories=2, local_steps=1, ppo_timesteps=128,
                            show=False)
     assert [r.method for r in records] == ["FedAvg-PG", "FedPG-BR"]
@@ -21,6 +22,7 @@ def test_records_count_the_steps_inside_episodes_and_time_ppo_on_one_env():
         assert 0 < r.env_steps < 2 * 2 * 1000 * (1 if r.method == "FedAvg-PG" else 20)
         assert r.training_steps_per_s == pytest.approx(r.env_steps / r.seconds)
         assert r.ppo_timesteps == 128 and r.ratio == pytest.approx(r.training_steps_per_s / r.ppo_steps_per_s)
+    assert not (tmp_path / "sb3").exists()  # nothing left in the temp directory
 
 
 def test_the_federations_are_the_mujoco_rows_policy_on_heterogeneous_bodies():
