@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 
@@ -130,3 +131,10 @@ def finish_bench(path: str | None, records: Any, groups: bool = False) -> PeakRS
         payload = with_peak_rss(records, peak)
     write_json(path, payload)
     return peak
+
+
+def print_columns(lines: Sequence[Sequence[str]]) -> None:
+    """Print a table of strings, the header first: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))

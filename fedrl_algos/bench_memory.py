@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, peak_rss, positive_int
+from fedrl_algos._cli_args import finish_bench, peak_rss, positive_int, print_columns
 
 __all__ = ["MemoryRecord", "PATHS", "DEFAULT_SIZES", "rollout_memory", "memory_scaling", "add_memory_target"]
 
@@ -232,9 +232,7 @@ def print_memory_table(records: Sequence[MemoryRecord]) -> None:
          f"{r.growth_bytes / 2**20:.1f}", f"{r.bytes_per_env_step:.1f}", f"{r.held_bytes_per_env_step:.1f}"]
         for r in records
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+    print_columns(lines)
     for path in dict.fromkeys(r.path for r in records):
         rows = sorted((r for r in records if r.path == path), key=lambda r: r.env_steps)
         if len(rows) > 1:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import _int_at_least, finish_bench, positive_int, set_threads
+from fedrl_algos._cli_args import _int_at_least, finish_bench, positive_int, print_columns, set_threads
 from fedrl_algos.bench_training import _count_steps, _time_rounds
 
 __all__ = ["MujocoBenchRecord", "bench_mujoco", "add_mujoco_target", "METHODS"]
@@ -160,9 +160,7 @@ def print_mujoco_table(records: Sequence[MujocoBenchRecord]) -> None:
          f"{r.ppo_steps_per_s:.3g}", f"{r.ratio:.2f}"]
         for r in records
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+    print_columns(lines)
     if records:
         print(f"env steps = steps inside episodes of the timed rounds (after one warm-up round); PPO: SB3's defaults on one env, "
               f"learn({records[0].ppo_timesteps}) in {records[0].ppo_seconds:.2f} s; {torch.get_num_threads()} torch threads; "

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
 
 __all__ = ["ReferenceConfig", "ReferenceBenchRecord", "CONFIGS", "bench_reference", "fedrl_rate", "reference_rate", "reference_code_dir", "add_reference_target"]
 
@@ -261,9 +261,7 @@ def print_reference_table(records: Sequence[ReferenceBenchRecord]) -> None:
          f"{r.reference_rounds_per_s:.3g}", f"{r.fedrl_rounds_per_s:.3g}", f"{r.speedup:.1f}x"]
         for r in records
     ]  # fmt: skip
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+    print_columns(lines)
     repeats = len(records[0].fedrl_runs) if records else 0
     print(f"medians of {repeats} alternating runs; env steps inside episodes per second of whole rounds after warm-up; "
           "method: fedrl_algos/bench_reference.py")  # fmt: skip

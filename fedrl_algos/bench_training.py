@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
 from fedrl_algos.core.sampling import Sampler
 
 __all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "CONFIGS"]
@@ -246,9 +246,7 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
          f"{r.training_steps_per_s:.3g}", f"{r.bare_env_steps_per_s:.3g}", f"{r.fraction:.3f}"]
         for r in records
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    for line in lines:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
+    print_columns(lines)
     repeats = records[0].repeats if records else 0
     print(f"env steps = steps inside episodes (the trajectories' masks), budget steps = num_timesteps (trajectories x (H+1)); "
           f"median of {repeats} timings of whole learn() rounds vs the bare native vector env (autoreset) at the same batch; "
