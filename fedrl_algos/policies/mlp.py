@@ -149,19 +149,15 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     def initial_parameters(self, seed: int | None = None) -> torch.Tensor:
         """The initialization from ``seed`` (default ``init_seed``): ``[d]``."""
         streams = RandomStreams(derive_keys(self.init_seed if seed is None else seed, torch.arange(1)))
+        layers = list(zip(self.sizes[:-1], self.sizes[1:]))
+        z = None if self.init_gains is not None else streams.normal((self.n_params,), dtype=torch.float64)[0]
         pieces, offset = [], 0
-        if self.init_gains is not None:
-            layers = list(zip(self.sizes[:-1], self.sizes[1:]))
-            for k, (i, o) in enumerate(layers):
+        for k, (i, o) in enumerate(layers):
+            if z is None:  # orthogonal, drawn as torch's [out, in] Linear weight and stored as θ's [in, out]
                 gain = self.init_gains[1] if k == len(layers) - 1 else self.init_gains[0]
-                # Drawn as torch's [out, in] Linear weight, stored as θ's [in, out].
-                pieces += [orthogonal_matrix(o, i, gain, streams).T.reshape(-1), torch.zeros(o, dtype=torch.float64)]
-            if self.gaussian:
-                pieces.append(torch.full((self.action_dim,), self.log_std_init, dtype=torch.float64))
-            return torch.cat(pieces).to(self.param_dtype)
-        z = streams.normal((self.n_params,), dtype=torch.float64)[0]
-        for (i, o), std in zip(zip(self.sizes[:-1], self.sizes[1:]), self.init_std):
-            pieces.append(z[offset : offset + i * o] * std)
+                pieces.append(orthogonal_matrix(o, i, gain, streams).T.reshape(-1))
+            else:
+                pieces.append(z[offset : offset + i * o] * self.init_std[k])
             pieces.append(torch.zeros(o, dtype=torch.float64))
             offset += i * o + o
         if self.gaussian:
