@@ -173,6 +173,13 @@ class MethodConfig:
         return out
 
 
+def _mlp_policy(observation_space: spaces.Space, action_space: spaces.Space, cfg: MethodConfig) -> MlpPolicy:
+    """The methods' MLP policy for these spaces (squashed only for continuous actions)."""
+    return MlpPolicy(observation_space, action_space, net_arch=cfg.net_arch, activation=cfg.activation,
+                     squash=cfg.squash if isinstance(action_space, spaces.Box) else None, init_std=cfg.init_std,
+                     log_std_init=cfg.log_std_init, init_gains=cfg.init_gains)
+
+
 class Population:
     """``R`` seeds × ``n`` agents of one row of Table I, with the policy and evaluation.
 
@@ -200,9 +207,7 @@ class Population:
         self.params = stack_params([tasks[i % len(tasks)] for i in range(n_agents)])
         one = tasks[0]
         actions = self.family.action_space(one)
-        self.policy = MlpPolicy(self.family.observation_space(one), actions, net_arch=cfg.net_arch, activation=cfg.activation,
-                                squash=cfg.squash if isinstance(actions, spaces.Box) else None, init_std=cfg.init_std,
-                                log_std_init=cfg.log_std_init, init_gains=cfg.init_gains).to(device)
+        self.policy = _mlp_policy(self.family.observation_space(one), actions, cfg).to(device)
         self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
@@ -225,9 +230,7 @@ class Population:
         if len(space.shape) == 3:  # image frames: SB3's Nature CNN
             self.policy = CnnPolicy(space, actions, squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
         else:
-            self.policy = MlpPolicy(space, actions, net_arch=cfg.net_arch, activation=cfg.activation,
-                                    squash=cfg.squash if isinstance(actions, spaces.Box) else None, init_std=cfg.init_std,
-                                    log_std_init=cfg.log_std_init, init_gains=cfg.init_gains).to(device)
+            self.policy = _mlp_policy(space, actions, cfg).to(device)
         eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
         self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env, stop_when_done=True)
 
