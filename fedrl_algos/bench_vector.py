@@ -202,8 +202,12 @@ def bench_vector(
     :param sync_max_envs: the largest size Gymnasium's SyncVectorEnv (Pendulum) is timed at
     :param seed: seed of the envs and of the random actions
     :param show: print the table
-    :param kernels: what fedrl's step kernel runs on, ``"torch"`` or ``"numpy"`` (``FederatedVecEnv(kernels=)``)
+    :param kernels: what fedrl's step kernel runs on, ``"torch"``, ``"numpy"`` or ``"numba"``
+        (``FederatedVecEnv(kernels=)``); ``"numba"`` (the fused step) where the family has one, torch
+        for the others, as each record's ``kernels`` says
     """
+    import fedrl_envs
+
     for env_id in env_ids:
         if env_id not in _GYMNASIUM_ID:
             raise ValueError(f"env_ids must be among {sorted(_GYMNASIUM_ID)}, got {env_id!r}")
@@ -217,8 +221,11 @@ def bench_vector(
     }
     records = []
     for env_id in env_ids:
+        row_kernels = kernels
+        if kernels == "numba" and not fedrl_envs.get_family(env_id).fused_kernels:
+            row_kernels = "torch"
         for n_envs in sizes:
-            fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed, kernels)
+            fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed, row_kernels)
             rates: dict[str, float | None] = {}
             notes: dict[str, str] = {}
             for name in baselines:
@@ -226,7 +233,7 @@ def bench_vector(
                     rates[name], notes[name] = runners[name](env_id, n_envs)
                 except ImportError as err:
                     rates[name], notes[name] = None, f"not installed ({err.name})"
-            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes, kernels))
+            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes, row_kernels))
     if show:
         print_vector_table(records)
     return records
@@ -236,9 +243,8 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
     """Print the records: steps/s of fedrl and each baseline, and fedrl's ratio to each."""
     import torch
 
-    kernels_note = f", {records[0].kernels} kernels" if records else ""
     names = list(dict.fromkeys(n for r in records for n in r.baseline_steps_per_s))
-    header = ["env", "envs", "fedrl/s", *[f"{n}/s" for n in names], *[f"vs {n}" for n in names]]
+    header = ["env", "envs", "kernels", "fedrl/s", *[f"{n}/s" for n in names], *[f"vs {n}" for n in names]]
     lines = [header]
     for r in records:
         rates = [r.baseline_steps_per_s.get(n) for n in names]
@@ -247,6 +253,7 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
             [
                 r.env_id.split("/")[-1],
                 str(r.n_envs),
+                r.kernels,
                 f"{r.fedrl_steps_per_s:.3g}",
                 *["-" if x is None else f"{x:.3g}" for x in rates],
                 *["-" if x is None else f"{x:.2f}x" for x in ratios],
@@ -257,7 +264,7 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
     notes = sorted({f"{r.env_id.split('/')[-1]} {n}: {note}" for r in records for n, note in r.notes.items()})
     print(f"env steps per second, random actions, autoreset; fedrl on {records[0].device if records else '-'} "
-          f"with {torch.get_num_threads()} torch threads{kernels_note}; method: fedrl_algos/bench_vector.py")
+          f"with {torch.get_num_threads()} torch threads; method: fedrl_algos/bench_vector.py")
     for note in notes:
         print(f"  {note}")
 
@@ -290,7 +297,8 @@ def add_vector_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--envs", nargs="+", choices=["CartPole", "Pendulum"], default=["CartPole", "Pendulum"], help="families to time")
     p.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES), help="baselines to time (missing ones are reported)")
     p.add_argument("--device", default="cpu", help="torch device of fedrl's env")
-    p.add_argument("--kernels", choices=["torch", "numpy"], default="torch", help="what fedrl's step kernel runs on (numpy: CPU only)")
+    p.add_argument("--kernels", choices=["torch", "numpy", "numba"], default="torch",
+                   help="what fedrl's step kernel runs on (numpy, numba: CPU only; numba: the fused step where the family has one)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds per timing (default 1)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1000 envs, tiny timings")

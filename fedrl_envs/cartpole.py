@@ -11,6 +11,7 @@ parameters; ``total_mass`` and ``polemass_length`` are derived from them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -39,6 +40,9 @@ TAU = 0.02
 X_THRESHOLD = 2.4
 #: the episode terminates when ``|theta|`` exceeds 12 degrees (rad)
 THETA_THRESHOLD = 12 * 2 * math.pi / 360
+#: the 4/3 of a uniform rod's inertia (kept a named constant: the fused step applies every constant of
+#: the arithmetic below in the state's precision, as torch and NumPy apply a Python float)
+FOUR_THIRDS = 4.0 / 3.0
 #: Gymnasium's default task (agent 0), in the order of the default population's design columns
 CARTPOLE_DEFAULTS: dict[str, float] = {"length": 0.5, "masspole": 0.1, "masscart": 1.0, "force_mag": 10.0}
 #: multiplier of each of the 5 levels of the default-population design: 1 + 0.25·d, d ≡ level (mod 5) in {-2..2}
@@ -183,6 +187,44 @@ class CartPoleParams:
         )
 
 
+# The arithmetic of a step, written once for every backend: these take and return torch tensors,
+# NumPy arrays or scalars alike (only + - * / and comparisons), and the fused CPU step
+# (fedrl_envs.fused) compiles these very functions with Numba.
+
+
+def push(action, neg_force_mag, two_force_mag):
+    """The force of each action (0: ``-force_mag``, 1: ``+force_mag``), from the action as a float.
+
+    Arithmetic that is exact for both actions (``0 · 2f = 0``, and ``-f + 2f = f`` by Sterbenz's
+    lemma): torch's ``where`` is not vectorized on the CPU and was the costliest operation of the step.
+    """
+    return neg_force_mag + action * two_force_mag
+
+
+def accelerations(force, cos, sin, theta_dot, total_mass, polemass_length, length, masspole):
+    """Cart and pole accelerations ``(x_acc, theta_acc)`` from the push and the pole's angle and spin.
+
+    Lagrange's equations of the frictionless cart-pole solved for the two accelerations:
+    ``shared`` is the cart acceleration the force and the pole's centripetal pull would give
+    without the pole's own angular acceleration; the pole's inertia about its centre of mass (a
+    uniform rod: m·(2l)²/12 = m·l²/3) gives the 4/3.
+    """
+    shared = (force + polemass_length * theta_dot * theta_dot * sin) / total_mass
+    theta_acc = (GRAVITY * sin - cos * shared) / (length * (FOUR_THIRDS - masspole * cos * cos / total_mass))
+    x_acc = shared - polemass_length * theta_acc * cos / total_mass
+    return x_acc, theta_acc
+
+
+def euler(q, q_dot):
+    """One explicit Euler step of ``TAU`` seconds."""
+    return q + TAU * q_dot
+
+
+def is_terminal(x, theta):
+    """Whether the cart left the track or the pole fell past 12 degrees."""
+    return (abs(x) > X_THRESHOLD) | (abs(theta) > THETA_THRESHOLD)
+
+
 class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     """Kernels and task catalogue of ``fedrl/CartPole-v0``.
 
@@ -195,6 +237,7 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     numpy_kernels = True
     reset_reads_params = False  # every task starts alike and observes its state
     state_as_components = True  # the kernels unbind the state into its components
+    fused_kernels = True  # fused_step: kernels="numba" (fedrl_envs.fused)
     params_cls = CartPoleParams
     defaults = CARTPOLE_DEFAULTS
     level_factors = LEVEL_FACTORS
@@ -211,25 +254,38 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         xp = array_ops(state)
         p = params.to_dtype(state.dtype)
         x, x_dot, theta, theta_dot = xp.unbind(state)
-        # ±force_mag for actions 1 and 0, by arithmetic that is exact for both (0·2f = 0, and
-        # -f + 2f = f by Sterbenz's lemma): torch's where is not vectorized on the CPU, and was
-        # the costliest operation of the step.
-        force = p.neg_force_mag + xp.astype(action, state.dtype) * p.two_force_mag
+        force = push(xp.astype(action, state.dtype), p.neg_force_mag, p.two_force_mag)
         cos, sin = xp.cos(theta), xp.sin(theta)
-        # Lagrange's equations of the frictionless cart-pole, solved for the two accelerations:
-        # ``shared`` is the cart acceleration the force and the pole's centripetal pull would give
-        # without the pole's own angular acceleration; the pole's inertia about its centre of mass
-        # (a uniform rod: m·(2l)²/12 = m·l²/3) gives the 4/3.
-        total_mass, polemass_length = p.total_mass, p.polemass_length
-        shared = (force + polemass_length * theta_dot * theta_dot * sin) / total_mass
-        theta_acc = (GRAVITY * sin - cos * shared) / (p.length * (4.0 / 3.0 - p.masspole * cos * cos / total_mass))
-        x_acc = shared - polemass_length * theta_acc * cos / total_mass
-        # Explicit Euler: positions advance with the old velocities, velocities with the new accelerations.
-        next_state = state + TAU * xp.stack((x_dot, x_acc, theta_dot, theta_acc))
+        x_acc, theta_acc = accelerations(force, cos, sin, theta_dot, p.total_mass, p.polemass_length, p.length, p.masspole)
+        # Explicit Euler: positions advance with the old velocities, velocities with the new
+        # accelerations (one stacked operation instead of four: fewer calls, the same values).
+        next_state = euler(state, xp.stack((x_dot, x_acc, theta_dot, theta_acc)))
         next_x, _, next_theta, _ = xp.unbind(next_state)
-        terminated = (abs(next_x) > X_THRESHOLD) | (abs(next_theta) > THETA_THRESHOLD)
+        terminated = is_terminal(next_x, next_theta)
         # Reward 1 for every step, including the one that terminates.
         return next_state, xp.ones_like(next_x), terminated
+
+    def fused_params(self, params: CartPoleParams) -> np.ndarray:
+        """The rows' parameters as :meth:`fused_step` reads them: float32 ``[6, N]`` (the push's two
+        terms, total mass, pole mass × length, length, pole mass)."""
+        p = params.to_dtype(torch.float32)
+        fields = (p.neg_force_mag, p.two_force_mag, p.total_mass, p.polemass_length, p.length, p.masspole)
+        return np.stack([f.detach().cpu().numpy() for f in fields])
+
+    def fused_step(
+        self, state: np.ndarray, action: np.ndarray, packed: np.ndarray,
+        next_state: np.ndarray, obs: np.ndarray, final_obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
+    ) -> None:
+        """:meth:`step` and the observation of every row in one compiled pass (``kernels="numba"``).
+
+        ``state`` and ``next_state`` are float32 components ``[4, N]``, ``action`` int64 ``[N]``,
+        ``packed`` :meth:`fused_params`; ``obs`` and ``final_obs`` (float32 ``[N, 4]``) both get
+        the next observations, ``reward`` and ``terminated`` the step's. The cosine and sine are
+        torch's, so the values are bitwise those of :meth:`step` on torch tensors.
+        """
+        theta = torch.from_numpy(state[2])
+        _fused_transition()(state, action, torch.cos(theta).numpy(), torch.sin(theta).numpy(), packed,
+                            next_state, obs, final_obs, reward, terminated)
 
     # --- spaces and tasks ----------------------------------------------------------------------
     def observation_space(self, params: CartPoleParams) -> gym.Space:
@@ -268,6 +324,33 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
 
 
 CARTPOLE = CartPoleFamily()
+
+
+@functools.cache
+def _fused_transition():
+    """The fused CartPole loop, compiled on first use from the kernel's own arithmetic (:mod:`fedrl_envs.fused`)."""
+    from fedrl_envs.fused import copy_flat, float32_twin, jit, rows_of_components
+
+    push32, accelerations32, euler32, is_terminal32 = (float32_twin(f) for f in (push, accelerations, euler, is_terminal))
+
+    def transition(state, action, cos, sin, packed, next_state, obs, final_obs, reward, terminated):
+        # One pass over the rows with the step function's operations in its order (so its roundings);
+        # the observations in passes of their own, which (unlike one loop writing everything) the
+        # compiler vectorizes.
+        for i in range(state.shape[1]):
+            x, x_dot, theta, theta_dot = state[0, i], state[1, i], state[2, i], state[3, i]
+            force = push32(np.float32(action[i]), packed[0, i], packed[1, i])
+            x_acc, theta_acc = accelerations32(force, cos[i], sin[i], theta_dot, packed[2, i], packed[3, i],
+                                               packed[4, i], packed[5, i])
+            next_x, next_theta = euler32(x, x_dot), euler32(theta, theta_dot)
+            next_state[0, i], next_state[2, i] = next_x, next_theta
+            next_state[1, i], next_state[3, i] = euler32(x_dot, x_acc), euler32(theta_dot, theta_acc)
+            reward[i] = 1.0
+            terminated[i] = is_terminal32(next_x, next_theta)
+        rows_of_components(next_state, obs.reshape(-1))
+        copy_flat(obs.reshape(-1), final_obs.reshape(-1))
+
+    return jit(transition)
 
 
 class CartPoleEnv(FamilyEnv[CartPoleParams]):

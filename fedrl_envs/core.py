@@ -134,17 +134,29 @@ def check_array_type(array_type: Any, name: str = "array_type") -> str:
 
 
 def check_kernels(kernels: Any, family: Any, device: torch.device, name: str = "kernels") -> str:
-    """``kernels`` as ``"torch"`` or ``"numpy"``; ``"numpy"`` needs the CPU and a family with NumPy kernels."""
-    if kernels not in ("torch", "numpy"):
-        raise ValueError(f'{name} must be "torch" or "numpy", got {kernels!r}')
-    if kernels == "numpy":
-        if device.type != "cpu":
-            raise ValueError(f'{name}="numpy" runs the kernels on the CPU; got device {device}')
-        if not getattr(family, "numpy_kernels", False):
+    """``kernels`` as ``"torch"``, ``"numpy"`` or ``"numba"``, checked against the family and the device.
+
+    ``"numpy"`` needs the CPU and a family with NumPy kernels; ``"numba"`` the CPU, a family with a
+    fused step (``fused_kernels``) and Numba installed.
+    """
+    if kernels not in ("torch", "numpy", "numba"):
+        raise ValueError(f'{name} must be "torch", "numpy" or "numba", got {kernels!r}')
+    if kernels != "torch" and device.type != "cpu":
+        raise ValueError(f'{name}="{kernels}" runs the kernels on the CPU; got device {device}')
+    if kernels == "numpy" and not getattr(family, "numpy_kernels", False):
+        raise ValueError(
+            f'{name}="numpy" needs a family whose kernels are written against fedrl_envs.ops '
+            f"(numpy_kernels = True); {type(family).__name__} has torch kernels only"
+        )
+    if kernels == "numba":
+        if not getattr(family, "fused_kernels", False):
             raise ValueError(
-                f'{name}="numpy" needs a family whose kernels are written against fedrl_envs.ops '
-                f"(numpy_kernels = True); {type(family).__name__} has torch kernels only"
+                f'{name}="numba" needs a family with a fused step (fused_kernels = True: fedrl/CartPole-v0); '
+                f"{type(family).__name__} has none"
             )
+        from fedrl_envs.fused import _numba
+
+        _numba()  # ImportError with the install command when Numba is missing
     return kernels
 
 
@@ -330,6 +342,11 @@ class TaskFamily(ABC, Generic[P]):
     #: vectorized; a family that combines whole ``[N, d]`` rows with per-row data (a goal, a move
     #: table) keeps the row layout
     state_as_components: ClassVar[bool] = False
+    #: whether the family has a fused CPU step (:mod:`fedrl_envs.fused`, ``kernels="numba"``): then
+    #: it defines ``fused_params(params) -> ndarray`` (its rows' parameters packed for the loop) and
+    #: ``fused_step(state, action, packed, next_state, obs, final_obs, reward, terminated)``, which
+    #: writes one transition of components ``[d, N]`` and its observations, bitwise :meth:`step`'s
+    fused_kernels: ClassVar[bool] = False
 
     # --- kernels -------------------------------------------------------------------------------
     @abstractmethod
@@ -762,7 +779,7 @@ class FamilyVectorEnv(VectorEnv):
 
     def _kernel_step(self, state: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The family's step kernel on torch tensors, or on NumPy views of them (``kernels="numpy"``)."""
-        if self.kernels == "torch":
+        if self.kernels != "numpy":  # the fused step has the torch kernel's values
             return self.family.step(state, action, self.params)
         params = self._numpy_kernel_params()
         with numpy_batch():
@@ -928,6 +945,8 @@ class FamilyVectorEnv(VectorEnv):
         self._check_open()
         if self._state is None:
             raise RuntimeError("call reset() before step()")
+        if self.kernels == "numba":
+            return self._step_fused(actions)
         action_t = self._as_action_tensor(actions)
         next_state, reward, terminated = self._kernel_step(self._state, action_t)
         t = self._t + 1
@@ -964,6 +983,60 @@ class FamilyVectorEnv(VectorEnv):
         self._t = t
         return obs, reward, terminated, truncated, info
 
+    def _step_fused(
+        self, actions: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """:meth:`_step_tensors` through the family's fused step (``kernels="numba"``): the same values.
+
+        The transition, observations, time limit and the list of ended rows come from two compiled
+        loops; the ended rows' starts from the NumPy twin of the torch draw. Everything is written
+        into new arrays, so a rejected action leaves the environment as it was.
+        """
+        from fedrl_envs.fused import episode_bookkeeping, scatter_rows
+
+        action = self._fused_actions(actions)
+        state = self._state.T.numpy()  # the components [d, N] (state_as_components layout)
+        n, d = self.num_envs, state.shape[0]
+        next_state = np.empty_like(state)
+        obs, final_obs = np.empty((n, d), np.float32), np.empty((n, d), np.float32)
+        reward, terminated = np.empty(n, np.float32), np.empty(n, np.bool_)
+        packed = getattr(self, "_fused_packed", None)
+        if packed is None:
+            packed = self._fused_packed = self.family.fused_params(self.params)
+        self.family.fused_step(state, action, packed, next_state, obs, final_obs, reward, terminated)
+        truncated, done = np.empty(n, np.bool_), np.empty(n, np.bool_)
+        next_t, rows = np.empty(n, np.int64), np.empty(n, np.int64)
+        space = self.single_action_space
+        n_done, n_bad = episode_bookkeeping()(
+            action, int(space.start), int(space.start + space.n - 1), terminated, self._t.numpy(),
+            -1 if self.horizon is None else self.horizon, self.autoreset, truncated, done, next_t, rows)
+        if n_bad:
+            self.family.validate_action(torch.from_numpy(action), self.params)  # raises, naming the action
+        info: dict[str, Any] = {}
+        if self.autoreset and n_done:
+            ended = rows[:n_done]
+            done_t = torch.from_numpy(done)
+            info = {"final_obs": torch.from_numpy(final_obs), "_final_obs": done_t, "final_info": {}, "_final_info": done_t}
+            fresh, fresh_obs = self._draw_reset_rows_numpy(ended)
+            scatter_rows(ended, np.asarray(fresh, np.float32), next_state, obs.reshape(-1), np.asarray(fresh_obs, np.float32))
+        self._state = torch.from_numpy(next_state).T
+        self._t = torch.from_numpy(next_t)
+        return torch.from_numpy(obs), torch.from_numpy(reward), torch.from_numpy(terminated), torch.from_numpy(truncated), info
+
+    def _fused_actions(self, actions: Any) -> np.ndarray:
+        """The actions as int64 NumPy ``[num_envs]`` for a fused step: plain integer arrays and CPU
+        tensors directly, everything else through :meth:`_as_action_tensor`'s checks and errors."""
+        if isinstance(actions, torch.Tensor) and actions.device.type == "cpu" and not actions.requires_grad:
+            array = actions.numpy()
+        elif isinstance(actions, np.ndarray):
+            array = actions
+        else:
+            array = None
+        if array is None or array.shape != (self.num_envs,) or array.dtype.kind not in "iu" or (
+                array.dtype.kind == "u" and array.dtype.itemsize > 1):
+            return self._as_action_tensor(actions).numpy().astype(np.int64, copy=False)
+        return array.astype(np.int64, copy=False)
+
     def _fresh_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Initial states and observations of the rows ``rows`` (advancing the streams), drawn by the
         torch code or, with ``kernels="numpy"``, by its NumPy twin (the same bits)."""
@@ -974,16 +1047,30 @@ class FamilyVectorEnv(VectorEnv):
         return fresh, self.family.observe(fresh, params)
 
     def _draw_reset_rows_numpy(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_draw_reset_rows` on NumPy: the rows' initial states and observations; advances the streams."""
+        """:meth:`_draw_reset_rows` on NumPy: the rows' initial states and observations; advances the streams.
+
+        With ``kernels="numba"`` the words are hashed by a compiled loop (:func:`fedrl_envs.fused.reset_noise_of_rows`,
+        the same finalizer function): the same bits.
+        """
         row_agent, bases = self._reset_word_bases()
-        agent = row_agent.numpy()[rows]
         counters = self.streams.counters.numpy()
         golden = np.uint64(_GOLDEN % 2**64)
-        words = bases.numpy().view(np.uint64)[rows] + (counters.view(np.uint64) * golden)[agent][:, None]
-        noise = uniform32_of_finalizer_input_numpy(words)
-        step = np.zeros_like(counters)
-        step[agent] = self.n_envs * self.family.reset_noise_dim
-        self.streams.counters = torch.from_numpy(counters + step)
+        advance = self.n_envs * self.family.reset_noise_dim
+        if self.kernels == "numba":
+            from fedrl_envs.fused import reset_noise_of_rows
+
+            noise = np.empty((rows.shape[0], self.family.reset_noise_dim), np.float32)
+            counters = counters.view(np.uint64).copy()
+            reset_noise_of_rows()(rows, row_agent.numpy(), bases.numpy().view(np.uint64), counters, golden,
+                                  np.uint64(advance), noise)
+            self.streams.counters = torch.from_numpy(counters.view(np.int64))
+        else:
+            agent = row_agent.numpy()[rows]
+            words = bases.numpy().view(np.uint64)[rows] + (counters.view(np.uint64) * golden)[agent][:, None]
+            noise = uniform32_of_finalizer_input_numpy(words)
+            step = np.zeros_like(counters)
+            step[agent] = advance
+            self.streams.counters = torch.from_numpy(counters + step)
         params = self._numpy_kernel_params()
         row_params = (
             dataclasses.replace(params, **{n: np.take(getattr(params, n), rows, axis=0) for n in _tensor_fields(self.params)})

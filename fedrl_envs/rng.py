@@ -68,17 +68,25 @@ def uniform32_of_mix64(x: torch.Tensor) -> torch.Tensor:
     return uniform32_of_finalizer_input(x + _GOLDEN)
 
 
-def uniform32_of_finalizer_input_numpy(x: np.ndarray) -> np.ndarray:
-    """:func:`uniform32_of_finalizer_input` on a NumPy ``uint64`` array (the same bits; ``x`` is overwritten).
+# The finalizer's constants as NumPy uint64 scalars: Numba compiles the function below with them
+# as typed constants (a Python int above 2**63 has no Numba type).
+_U64_SHIFT30, _U64_SHIFT27, _U64_SHIFT40 = np.uint64(30), np.uint64(27), np.uint64(40)
+_U64_MUL1, _U64_MUL2 = np.uint64(_MUL1 % 2**64), np.uint64(_MUL2 % 2**64)
+_F32_TWO_TO_MINUS_24 = np.float32(2.0**-24)
+
+
+def uniform32_of_finalizer_input_numpy(x: Any) -> Any:
+    """:func:`uniform32_of_finalizer_input` on a NumPy ``uint64`` array or scalar (the same bits; an array is overwritten).
 
     NumPy's unsigned shifts are logical and its array arithmetic wraps modulo 2**64, as the int64
-    tensor version's masked shifts and wrapping products do.
+    tensor version's masked shifts and wrapping products do. The fused CPU steps
+    (:mod:`fedrl_envs.fused`) compile this very function for one word at a time.
     """
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(_MUL1 % 2**64)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(_MUL2 % 2**64)
-    return (x >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)
+    x ^= x >> _U64_SHIFT30
+    x *= _U64_MUL1
+    x ^= x >> _U64_SHIFT27
+    x *= _U64_MUL2
+    return np.float32(x >> _U64_SHIFT40) * _F32_TWO_TO_MINUS_24
 
 
 def uniform32_of_finalizer_input(x: torch.Tensor) -> torch.Tensor:

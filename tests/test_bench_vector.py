@@ -44,3 +44,10 @@ def test_command_line_prints_the_table_and_writes_json(tmp_path):
     (record,) = json.loads(path.read_text())
     assert record["n_envs"] == 20 and record["baseline_steps_per_s"]["gymnasium"] > 0
     assert record["peak_rss_mb"] > 0 and "peak RSS" in out
+
+
+def test_numba_kernels_run_where_the_family_has_a_fused_step():
+    pytest.importorskip("numba")
+    records = bench_vector(sizes=(20,), baselines=("gymnasium",), min_time=0.01, show=False, kernels="numba")
+    assert [r.kernels for r in records] == ["numba", "torch"]  # Pendulum has no fused step
+    assert all(r.fedrl_steps_per_s > 0 for r in records)
