@@ -43,6 +43,8 @@ THETA_THRESHOLD = 12 * 2 * math.pi / 360
 #: the 4/3 of a uniform rod's inertia (kept a named constant: the fused step applies every constant of
 #: the arithmetic below in the state's precision, as torch and NumPy apply a Python float)
 FOUR_THIRDS = 4.0 / 3.0
+#: every state variable of a start is uniform in [-START_HALF_WIDTH, START_HALF_WIDTH)
+START_WIDTH, START_HALF_WIDTH = 0.1, 0.05
 #: Gymnasium's default task (agent 0), in the order of the default population's design columns
 CARTPOLE_DEFAULTS: dict[str, float] = {"length": 0.5, "masspole": 0.1, "masscart": 1.0, "force_mag": 10.0}
 #: multiplier of each of the 5 levels of the default-population design: 1 + 0.25·d, d ≡ level (mod 5) in {-2..2}
@@ -192,6 +194,11 @@ class CartPoleParams:
 # (fedrl_envs.fused) compiles these very functions with Numba.
 
 
+def start_state(uniform):
+    """Initial state variables from uniforms in [0, 1): each uniform in [-0.05, 0.05)."""
+    return START_WIDTH * uniform - START_HALF_WIDTH
+
+
 def push(action, neg_force_mag, two_force_mag):
     """The force of each action (0: ``-force_mag``, 1: ``+force_mag``), from the action as a float.
 
@@ -244,9 +251,8 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
 
     # --- kernels -------------------------------------------------------------------------------
     def reset(self, params: CartPoleParams, noise: torch.Tensor) -> torch.Tensor:
-        # Each state variable uniform in [-0.05, 0.05).
         xp = array_ops(noise)
-        return 0.1 * xp.astype(noise, xp.float32) - 0.05
+        return start_state(xp.astype(noise, xp.float32))
 
     def step(
         self, state: torch.Tensor, action: torch.Tensor, params: CartPoleParams
@@ -272,20 +278,18 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         fields = (p.neg_force_mag, p.two_force_mag, p.total_mass, p.polemass_length, p.length, p.masspole)
         return np.stack([f.detach().cpu().numpy() for f in fields])
 
-    def fused_step(
-        self, state: np.ndarray, action: np.ndarray, packed: np.ndarray,
-        next_state: np.ndarray, obs: np.ndarray, final_obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-    ) -> None:
-        """:meth:`step` and the observation of every row in one compiled pass (``kernels="numba"``).
+    def fused_step(self, state: np.ndarray, action: np.ndarray, *rest: Any) -> tuple[int, int]:
+        """A whole native vector env step in one compiled call (``kernels="numba"``, :mod:`fedrl_envs.fused`).
 
-        ``state`` and ``next_state`` are float32 components ``[4, N]``, ``action`` int64 ``[N]``,
-        ``packed`` :meth:`fused_params`; ``obs`` and ``final_obs`` (float32 ``[N, 4]``) both get
-        the next observations, ``reward`` and ``terminated`` the step's. The cosine and sine are
-        torch's, so the values are bitwise those of :meth:`step` on torch tensors.
+        ``state`` is float32 components ``[4, N]``, ``action`` int64 ``[N]``; ``rest`` the env's
+        step inputs and outputs in the order :meth:`FamilyVectorEnv._step_fused
+        <fedrl_envs.core.FamilyVectorEnv._step_fused>` passes them. The cosine and sine are torch's,
+        so every value is bitwise what :meth:`step`, the env's time limit and its reset draw give on
+        torch tensors. Returns ``(n_done, n_bad)``: rows that ended, actions out of range (then
+        nothing was drawn).
         """
         theta = torch.from_numpy(state[2])
-        _fused_transition()(state, action, torch.cos(theta).numpy(), torch.sin(theta).numpy(), packed,
-                            next_state, obs, final_obs, reward, terminated)
+        return _fused_step()(state, action, torch.cos(theta).numpy(), torch.sin(theta).numpy(), *rest)
 
     # --- spaces and tasks ----------------------------------------------------------------------
     def observation_space(self, params: CartPoleParams) -> gym.Space:
@@ -327,16 +331,20 @@ CARTPOLE = CartPoleFamily()
 
 
 @functools.cache
-def _fused_transition():
-    """The fused CartPole loop, compiled on first use from the kernel's own arithmetic (:mod:`fedrl_envs.fused`)."""
-    from fedrl_envs.fused import copy_flat, float32_twin, jit, rows_of_components
+def _fused_step():
+    """The fused CartPole step, compiled on first use from the kernel's own arithmetic (:mod:`fedrl_envs.fused`)."""
+    from fedrl_envs.fused import float32_twin, jit, kernel
 
-    push32, accelerations32, euler32, is_terminal32 = (float32_twin(f) for f in (push, accelerations, euler, is_terminal))
+    start32, push32, accelerations32, euler32, is_terminal32 = (
+        float32_twin(f) for f in (start_state, push, accelerations, euler, is_terminal))
+    bookkeeping, reset_noise, rows_of_components, copy_flat = (
+        kernel(name) for name in ("bookkeeping", "reset_noise", "rows_of_components", "copy_flat"))
 
-    def transition(state, action, cos, sin, packed, next_state, obs, final_obs, reward, terminated):
-        # One pass over the rows with the step function's operations in its order (so its roundings);
-        # the observations in passes of their own, which (unlike one loop writing everything) the
-        # compiler vectorizes.
+    def fused(state, action, cos, sin, packed, t, last_t, autoreset, low, high, row_agent, bases, counters, golden,
+              advance, next_state, obs, final_obs, reward, terminated, truncated, done, next_t, rows, noise):
+        # The transition: one pass over the rows with the step function's operations in its order
+        # (so its roundings); the observations in passes of their own, which (unlike one loop
+        # writing everything) the compiler vectorizes.
         for i in range(state.shape[1]):
             x, x_dot, theta, theta_dot = state[0, i], state[1, i], state[2, i], state[3, i]
             force = push32(np.float32(action[i]), packed[0, i], packed[1, i])
@@ -347,10 +355,23 @@ def _fused_transition():
             next_state[1, i], next_state[3, i] = euler32(x_dot, x_acc), euler32(theta_dot, theta_acc)
             reward[i] = 1.0
             terminated[i] = is_terminal32(next_x, next_theta)
-        rows_of_components(next_state, obs.reshape(-1))
-        copy_flat(obs.reshape(-1), final_obs.reshape(-1))
+        flat_obs = obs.reshape(-1)
+        rows_of_components(next_state, flat_obs)
+        copy_flat(flat_obs, final_obs.reshape(-1))
+        n_done, n_bad = bookkeeping(action, low, high, terminated, t, last_t, autoreset, truncated, done, next_t, rows)
+        if n_bad or not autoreset or not n_done:
+            return n_done, n_bad
+        # The ended rows start again: their starts (observed as they are) replace the transition's.
+        reset_noise(rows[:n_done], row_agent, bases, counters, golden, advance, noise)
+        for j in range(n_done):
+            r = rows[j]
+            for k in range(4):
+                value = start32(noise[j, k])
+                next_state[k, r] = value
+                flat_obs[4 * r + k] = value
+        return n_done, n_bad
 
-    return jit(transition)
+    return jit(fused)
 
 
 class CartPoleEnv(FamilyEnv[CartPoleParams]):

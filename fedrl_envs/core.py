@@ -344,8 +344,9 @@ class TaskFamily(ABC, Generic[P]):
     state_as_components: ClassVar[bool] = False
     #: whether the family has a fused CPU step (:mod:`fedrl_envs.fused`, ``kernels="numba"``): then
     #: it defines ``fused_params(params) -> ndarray`` (its rows' parameters packed for the loop) and
-    #: ``fused_step(state, action, packed, next_state, obs, final_obs, reward, terminated)``, which
-    #: writes one transition of components ``[d, N]`` and its observations, bitwise :meth:`step`'s
+    #: ``fused_step(...)``, one compiled call for a whole step of the native vector env (transition,
+    #: observations, time limit, resets of the ended rows), bitwise the torch path's values
+    #: (:meth:`FamilyVectorEnv._step_fused` passes its arguments)
     fused_kernels: ClassVar[bool] = False
 
     # --- kernels -------------------------------------------------------------------------------
@@ -988,37 +989,37 @@ class FamilyVectorEnv(VectorEnv):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """:meth:`_step_tensors` through the family's fused step (``kernels="numba"``): the same values.
 
-        The transition, observations, time limit and the list of ended rows come from two compiled
-        loops; the ended rows' starts from the NumPy twin of the torch draw. Everything is written
-        into new arrays, so a rejected action leaves the environment as it was.
+        One compiled call (:mod:`fedrl_envs.fused`) runs the transition, the observations, the time
+        limit, the list of ended rows and their resets; it writes only new arrays and a copy of the
+        stream counters, so a rejected action leaves the environment as it was.
         """
-        from fedrl_envs.fused import episode_bookkeeping, scatter_rows
-
         action = self._fused_actions(actions)
         state = self._state.T.numpy()  # the components [d, N] (state_as_components layout)
         n, d = self.num_envs, state.shape[0]
-        next_state = np.empty_like(state)
-        obs, final_obs = np.empty((n, d), np.float32), np.empty((n, d), np.float32)
-        reward, terminated = np.empty(n, np.float32), np.empty(n, np.bool_)
         packed = getattr(self, "_fused_packed", None)
         if packed is None:
             packed = self._fused_packed = self.family.fused_params(self.params)
-        self.family.fused_step(state, action, packed, next_state, obs, final_obs, reward, terminated)
+        row_agent, bases = self._reset_word_bases()
+        counters = self.streams.counters.numpy().view(np.uint64).copy()
+        space = self.single_action_space
+        next_state = np.empty_like(state)
+        obs, final_obs = np.empty((n, d), np.float32), np.empty((n, d), np.float32)
+        reward, terminated = np.empty(n, np.float32), np.empty(n, np.bool_)
         truncated, done = np.empty(n, np.bool_), np.empty(n, np.bool_)
         next_t, rows = np.empty(n, np.int64), np.empty(n, np.int64)
-        space = self.single_action_space
-        n_done, n_bad = episode_bookkeeping()(
-            action, int(space.start), int(space.start + space.n - 1), terminated, self._t.numpy(),
-            -1 if self.horizon is None else self.horizon, self.autoreset, truncated, done, next_t, rows)
+        noise = np.empty((n, self.family.reset_noise_dim), np.float32)
+        n_done, n_bad = self.family.fused_step(
+            state, action, packed, self._t.numpy(), -1 if self.horizon is None else self.horizon, self.autoreset,
+            int(space.start), int(space.start + space.n - 1), row_agent.numpy(), bases.numpy().view(np.uint64),
+            counters, np.uint64(_GOLDEN % 2**64), np.uint64(self.n_envs * self.family.reset_noise_dim),
+            next_state, obs, final_obs, reward, terminated, truncated, done, next_t, rows, noise)
         if n_bad:
             self.family.validate_action(torch.from_numpy(action), self.params)  # raises, naming the action
         info: dict[str, Any] = {}
         if self.autoreset and n_done:
-            ended = rows[:n_done]
             done_t = torch.from_numpy(done)
             info = {"final_obs": torch.from_numpy(final_obs), "_final_obs": done_t, "final_info": {}, "_final_info": done_t}
-            fresh, fresh_obs = self._draw_reset_rows_numpy(ended)
-            scatter_rows(ended, np.asarray(fresh, np.float32), next_state, obs.reshape(-1), np.asarray(fresh_obs, np.float32))
+            self.streams.counters = torch.from_numpy(counters.view(np.int64))
         self._state = torch.from_numpy(next_state).T
         self._t = torch.from_numpy(next_t)
         return torch.from_numpy(obs), torch.from_numpy(reward), torch.from_numpy(terminated), torch.from_numpy(truncated), info
@@ -1047,30 +1048,16 @@ class FamilyVectorEnv(VectorEnv):
         return fresh, self.family.observe(fresh, params)
 
     def _draw_reset_rows_numpy(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_draw_reset_rows` on NumPy: the rows' initial states and observations; advances the streams.
-
-        With ``kernels="numba"`` the words are hashed by a compiled loop (:func:`fedrl_envs.fused.reset_noise_of_rows`,
-        the same finalizer function): the same bits.
-        """
+        """:meth:`_draw_reset_rows` on NumPy: the rows' initial states and observations; advances the streams."""
         row_agent, bases = self._reset_word_bases()
+        agent = row_agent.numpy()[rows]
         counters = self.streams.counters.numpy()
         golden = np.uint64(_GOLDEN % 2**64)
-        advance = self.n_envs * self.family.reset_noise_dim
-        if self.kernels == "numba":
-            from fedrl_envs.fused import reset_noise_of_rows
-
-            noise = np.empty((rows.shape[0], self.family.reset_noise_dim), np.float32)
-            counters = counters.view(np.uint64).copy()
-            reset_noise_of_rows()(rows, row_agent.numpy(), bases.numpy().view(np.uint64), counters, golden,
-                                  np.uint64(advance), noise)
-            self.streams.counters = torch.from_numpy(counters.view(np.int64))
-        else:
-            agent = row_agent.numpy()[rows]
-            words = bases.numpy().view(np.uint64)[rows] + (counters.view(np.uint64) * golden)[agent][:, None]
-            noise = uniform32_of_finalizer_input_numpy(words)
-            step = np.zeros_like(counters)
-            step[agent] = advance
-            self.streams.counters = torch.from_numpy(counters + step)
+        words = bases.numpy().view(np.uint64)[rows] + (counters.view(np.uint64) * golden)[agent][:, None]
+        noise = uniform32_of_finalizer_input_numpy(words)
+        step = np.zeros_like(counters)
+        step[agent] = self.n_envs * self.family.reset_noise_dim
+        self.streams.counters = torch.from_numpy(counters + step)
         params = self._numpy_kernel_params()
         row_params = (
             dataclasses.replace(params, **{n: np.take(getattr(params, n), rows, axis=0) for n in _tensor_fields(self.params)})

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["numba_available", "float32_twin", "jit"]
+__all__ = ["numba_available", "float32_twin", "jit", "kernel"]
 
 
 def numba_available() -> bool:
@@ -80,70 +80,70 @@ def float32_twin(func: Callable[..., Any]) -> Callable[..., Any]:
     return _numba().njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")(twin)
 
 
-@functools.cache
-def episode_bookkeeping() -> Callable[..., int]:
-    """The compiled time limit and reset list of a fused step (the same rules as the vector env's torch code).
+def _jit_inline(func: Callable[..., Any], **globals_: Any) -> Callable[..., Any]:
+    """``func`` compiled to be inlined into a fused loop, with some of its module globals replaced
+    (the compiled versions of the functions it calls)."""
+    if globals_:
+        namespace = dict(func.__globals__) | globals_
+        func = types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
+    return _numba().njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")(func)
 
-    ``(action, low, high, terminated, t, last_t, autoreset, truncated, done, next_t, rows) -> (n_done, n_bad)``:
+
+# --- the parts every fused step shares (compiled by kernel(name), called inside a family's loop) --
+
+
+def _bookkeeping(action, low, high, terminated, t, last_t, autoreset, truncated, done, next_t, rows):
+    """The time limit and reset list: the vector env's torch rules, row by row; ``(n_done, n_bad)``.
+
     ``truncated`` where the next time index passes ``last_t`` (``last_t < 0``: no time limit),
-    ``done = terminated | truncated``; with ``autoreset`` the next time index of a done row is 0
-    and the first ``n_done`` entries of ``rows`` list the done rows in order; ``n_bad`` counts the
-    actions outside ``[low, high]``.
+    ``done = terminated | truncated``; with ``autoreset`` a done row's next time index is 0. The
+    first ``n_done`` entries of ``rows`` list the done rows in order; ``n_bad`` counts the actions
+    outside ``[low, high]``.
     """
-
-    def bookkeeping(action, low, high, terminated, t, last_t, autoreset, truncated, done, next_t, rows):
-        # Branch-free: which rows end is data, and a branch per row mispredicts at every episode end.
-        n_done = 0
-        n_bad = 0
-        for i in range(t.shape[0]):
-            a = action[i]
-            n_bad += (a < low) | (a > high)
-            step = t[i] + 1
-            cut = (last_t >= 0) & (step > last_t)
-            ended = terminated[i] | cut
-            truncated[i] = cut
-            done[i] = ended
-            rows[n_done] = i  # kept only where the row ended (n_done <= i: inside the array)
-            n_done += ended
-            next_t[i] = step * (1 - (ended & autoreset))
-        return n_done, n_bad
-
-    return jit(bookkeeping)
+    # Branch-free: which rows end is data, and a branch per row mispredicts at every episode end.
+    n_done = 0
+    n_bad = 0
+    for i in range(t.shape[0]):
+        a = action[i]
+        n_bad += (a < low) | (a > high)
+        step = t[i] + 1
+        cut = (last_t >= 0) & (step > last_t)
+        ended = terminated[i] | cut
+        truncated[i] = cut
+        done[i] = ended
+        rows[n_done] = i  # kept only where the row ended (n_done <= i: inside the array)
+        n_done += ended
+        next_t[i] = step * (1 - (ended & autoreset))
+    return n_done, n_bad
 
 
-@functools.cache
-def reset_noise_of_rows() -> Callable[..., None]:
-    """The compiled reset draw of the rows that ended: the bits of the vector env's NumPy and torch draws.
+def _reset_noise(rows, row_agent, bases, counters, golden, advance, noise):
+    """The reset draw of ``rows``: the bits of the vector env's torch and NumPy draws.
 
-    ``(rows, row_agent, bases, counters, golden, advance, noise) -> None``: row ``r = rows[j]``
-    takes word ``k`` as the finalizer of ``bases[r, k] + counters[agent] * golden`` (uint64,
-    wrapping), written to ``noise[j, k]``; then every agent with a row advances its counter by
-    ``advance`` (in place), as the full draw of all its rows would.
+    Row ``r = rows[j]`` takes word ``k`` as the finalizer of ``bases[r, k] + counters[agent] *
+    golden`` (uint64, wrapping) into ``noise[j, k]``; then every agent with a row advances its
+    counter by ``advance`` (in place), as the full draw of all its rows would.
     """
-    from fedrl_envs.rng import uniform32_of_finalizer_input_numpy
-
-    finalize = _numba().njit(nogil=True, inline="always")(uniform32_of_finalizer_input_numpy)
-
-    def draw(rows, row_agent, bases, counters, golden, advance, noise):
-        touched = np.zeros(counters.shape[0], np.bool_)
-        for j in range(rows.shape[0]):
-            agent = row_agent[rows[j]]
-            touched[agent] = True
-            offset = counters[agent] * golden
-            for k in range(noise.shape[1]):
-                noise[j, k] = finalize(bases[rows[j], k] + offset)
-        for agent in range(counters.shape[0]):
-            if touched[agent]:
-                counters[agent] += advance
-
-    return jit(draw)
+    touched = np.zeros(counters.shape[0], np.bool_)
+    for j in range(rows.shape[0]):
+        agent = row_agent[rows[j]]
+        touched[agent] = True
+        offset = counters[agent] * golden
+        for k in range(noise.shape[1]):
+            noise[j, k] = finalize(bases[rows[j], k] + offset)  # noqa: F821 (compiled in: kernel())
+    for agent in range(counters.shape[0]):
+        if touched[agent]:
+            counters[agent] += advance
 
 
 def _rows_of_components(components, flat):
-    # flat[i * d + k] = components[k, i]: the row-major copy of [d, N] components through a flat
-    # output, which compiles to a store as fast as a plain copy (2-D indexing of the output does not)
+    """``flat[i * d + k] = components[k, i]``: the row-major copy of ``[d, N]`` components.
+
+    Through a flat output, which compiles to stores as fast as a plain copy (2-D indexing of the
+    output does not vectorize); four explicit stores a row for d = 4 (a loop over k does not either).
+    """
     d, n = components.shape
-    if d == 4:  # CartPole: four explicit stores a row vectorize; a loop over k does not
+    if d == 4:
         for i in range(n):
             flat[4 * i], flat[4 * i + 1], flat[4 * i + 2], flat[4 * i + 3] = (
                 components[0, i], components[1, i], components[2, i], components[3, i])
@@ -158,32 +158,15 @@ def _copy_flat(source, target):
         target[j] = source[j]
 
 
-def __getattr__(name: str) -> Any:
-    # rows_of_components, copy_flat: compiled on first use (importing this module imports no Numba)
-    if name in _LAZY:
-        return _compiled(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_LAZY = {"rows_of_components": _rows_of_components, "copy_flat": _copy_flat}
-
-
 @functools.cache
-def _compiled(name: str) -> Callable[..., Any]:
-    return _numba().njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")(_LAZY[name])
+def kernel(name: str) -> Callable[..., Any]:
+    """A shared part of the fused steps, compiled (on first use) to be inlined into a family's loop:
+    ``"bookkeeping"``, ``"reset_noise"``, ``"rows_of_components"`` or ``"copy_flat"``."""
+    from fedrl_envs.rng import uniform32_of_finalizer_input_numpy
 
-
-def _scatter_rows(rows, fresh, components, flat_obs, fresh_obs):
-    # The ended rows' starts into the next state's components [d, N] and their observations into
-    # the row-major observations (one compiled pass instead of two NumPy fancy assignments).
-    d = components.shape[0]
-    width = fresh_obs.shape[1]
-    for j in range(rows.shape[0]):
-        r = rows[j]
-        for k in range(d):
-            components[k, r] = fresh[j, k]
-        for k in range(width):
-            flat_obs[r * width + k] = fresh_obs[j, k]
-
-
-_LAZY["scatter_rows"] = _scatter_rows
+    if name == "reset_noise":
+        return _jit_inline(_reset_noise, finalize=_jit_inline(uniform32_of_finalizer_input_numpy))
+    parts = {"bookkeeping": _bookkeeping, "rows_of_components": _rows_of_components, "copy_flat": _copy_flat}
+    if name not in parts:
+        raise ValueError(f"name must be one of {['reset_noise', *parts]}, got {name!r}")
+    return _jit_inline(parts[name])
