@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedrl_envs.core import FamilyEnv, TaskFamily, check_int, derived
+from fedrl_envs.fused import numba_available
 from fedrl_envs.ops import array_ops
 
 __all__ = [
@@ -289,7 +290,31 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         nothing was drawn).
         """
         theta = torch.from_numpy(state[2])
-        return _fused_step()(state, action, torch.cos(theta).numpy(), torch.sin(theta).numpy(), *rest)
+        return _fused_kernels()[0](state, action, torch.cos(theta).numpy(), torch.sin(theta).numpy(), *rest)
+
+    def fast_step(
+        self, state: torch.Tensor, action: torch.Tensor, params: CartPoleParams
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`step` through the compiled transition where it applies (float32 CPU tensors without
+        gradients, Numba installed): bitwise the same values, a few times faster on small batches.
+
+        The algorithms' rollouts step the family through this method. The next state comes back laid
+        out as components (a ``[N, 4]`` view of ``[4, N]``, as the torch kernel's).
+        """
+        if not (state.dtype == torch.float32 and state.device.type == "cpu" and not state.requires_grad
+                and state.dim() == 2 and action.dim() == 1 and not action.is_floating_point() and numba_available()):
+            return self.step(state, action, params)
+        cache = params.__dict__
+        packed = cache.get("_fused_packed")
+        if packed is None or packed.shape[1] != state.shape[0]:
+            packed = cache["_fused_packed"] = self.fused_params(params)
+        n = state.shape[0]
+        next_state = np.empty((4, n), np.float32)
+        reward, terminated = np.empty(n, np.float32), np.empty(n, np.bool_)
+        theta = state[:, 2]
+        _fused_kernels()[1](state.T.numpy(), action.numpy().astype(np.int64, copy=False), torch.cos(theta).numpy(),
+                            torch.sin(theta).numpy(), packed, next_state, reward, terminated)
+        return torch.from_numpy(next_state).T, torch.from_numpy(reward), torch.from_numpy(terminated)
 
     # --- spaces and tasks ----------------------------------------------------------------------
     def observation_space(self, params: CartPoleParams) -> gym.Space:
@@ -331,8 +356,9 @@ CARTPOLE = CartPoleFamily()
 
 
 @functools.cache
-def _fused_step():
-    """The fused CartPole step, compiled on first use from the kernel's own arithmetic (:mod:`fedrl_envs.fused`)."""
+def _fused_kernels():
+    """The fused CartPole loops, compiled on first use from the kernel's own arithmetic (:mod:`fedrl_envs.fused`):
+    ``(vector env step, transition only)``."""
     from fedrl_envs.fused import float32_twin, jit, kernel
 
     start32, push32, accelerations32, euler32, is_terminal32 = (
@@ -340,11 +366,8 @@ def _fused_step():
     bookkeeping, reset_noise, rows_of_components, copy_flat = (
         kernel(name) for name in ("bookkeeping", "reset_noise", "rows_of_components", "copy_flat"))
 
-    def fused(state, action, cos, sin, packed, t, last_t, autoreset, low, high, row_agent, bases, counters, golden,
-              advance, next_state, obs, final_obs, reward, terminated, truncated, done, next_t, rows, noise):
-        # The transition: one pass over the rows with the step function's operations in its order
-        # (so its roundings); the observations in passes of their own, which (unlike one loop
-        # writing everything) the compiler vectorizes.
+    def transition(state, action, cos, sin, packed, next_state, reward, terminated):
+        # One pass over the rows with the step function's operations in its order (so its roundings).
         for i in range(state.shape[1]):
             x, x_dot, theta, theta_dot = state[0, i], state[1, i], state[2, i], state[3, i]
             force = push32(np.float32(action[i]), packed[0, i], packed[1, i])
@@ -355,6 +378,14 @@ def _fused_step():
             next_state[1, i], next_state[3, i] = euler32(x_dot, x_acc), euler32(theta_dot, theta_acc)
             reward[i] = 1.0
             terminated[i] = is_terminal32(next_x, next_theta)
+
+    transition_inline = _inline(transition)
+
+    def vector_step(state, action, cos, sin, packed, t, last_t, autoreset, low, high, row_agent, bases, counters,
+                    golden, advance, next_state, obs, final_obs, reward, terminated, truncated, done, next_t, rows, noise):
+        transition_inline(state, action, cos, sin, packed, next_state, reward, terminated)
+        # The observations in passes of their own, which (unlike one loop writing everything) the
+        # compiler vectorizes.
         flat_obs = obs.reshape(-1)
         rows_of_components(next_state, flat_obs)
         copy_flat(flat_obs, final_obs.reshape(-1))
@@ -371,7 +402,13 @@ def _fused_step():
                 flat_obs[4 * r + k] = value
         return n_done, n_bad
 
-    return jit(fused)
+    return jit(vector_step), jit(transition)
+
+
+def _inline(func):
+    from fedrl_envs.fused import _jit_inline
+
+    return _jit_inline(func)
 
 
 class CartPoleEnv(FamilyEnv[CartPoleParams]):

@@ -364,6 +364,11 @@ class TaskFamily(ABC, Generic[P]):
         """Observation of a state (the state itself unless a family says otherwise)."""
         return state
 
+    def fast_step(self, state: torch.Tensor, action: torch.Tensor, params: P) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`step`, or a compiled equivalent with bitwise the same values where the family has one
+        and it applies (CartPole on the CPU with Numba installed); what the algorithms' rollouts call."""
+        return self.step(state, action, params)
+
     # --- spaces and tasks ----------------------------------------------------------------------
     @abstractmethod
     def observation_space(self, params: P) -> gym.Space:

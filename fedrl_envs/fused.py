@@ -36,8 +36,9 @@ import numpy as np
 __all__ = ["numba_available", "float32_twin", "jit", "kernel"]
 
 
+@functools.cache
 def numba_available() -> bool:
-    """Whether Numba can be imported (what ``kernels="numba"`` needs)."""
+    """Whether Numba can be imported (what ``kernels="numba"`` and the compiled rollout steps need)."""
     try:
         _numba()
     except ImportError:

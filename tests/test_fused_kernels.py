@@ -136,3 +136,24 @@ def test_float32_twin_computes_in_float32_like_torch():
     for i in range(500):
         got = twin(*(np.float32(a[i].item()) for a in args))
         assert [float(g) for g in got] == [float(e[i]) for e in expected]
+
+
+def test_fast_step_is_the_kernel_step_bitwise_and_falls_back_where_it_does_not_apply():
+    from fedrl_envs.core import repeat_params, stack_params
+
+    params = repeat_params(stack_params(CARTPOLE.train_tasks), 40)
+    gen = torch.Generator().manual_seed(5)
+    row_major = (torch.rand(400, 4, generator=gen) - 0.5) * torch.tensor([4.8, 4.0, 0.8, 4.0])
+    action = torch.randint(0, 2, (400,), generator=gen)
+    state = row_major
+    for _ in range(5):  # a row-major start (what a rollout resets to), then the components layout
+        expected = CARTPOLE.step(state, action, params)
+        got = CARTPOLE.fast_step(state, action, params)
+        for x, y in zip(expected, got, strict=True):
+            assert y.dtype == x.dtype and torch.equal(x, y)
+        assert got[0].stride() == (1, 400)  # components, as the torch kernel lays them out
+        state = got[0]
+    double = row_major.double()  # computed in float64 by the torch kernel: not the float32 loop
+    assert torch.equal(CARTPOLE.fast_step(double, action, params)[0], CARTPOLE.step(double, action, params)[0])
+    with_grad = row_major.clone().requires_grad_()
+    assert CARTPOLE.fast_step(with_grad, action, params)[0].requires_grad

@@ -124,7 +124,7 @@ def generic_rollout(
         before = streams.counters
         action = policy.sample(theta, obs_b, streams)
         per_step = streams.counters - before
-        state, reward, terminated = family.step(state, action.reshape(n_rows * m, *action.shape[len(batch) + 1 :]), rows)
+        state, reward, terminated = family.fast_step(state, action.reshape(n_rows * m, *action.shape[len(batch) + 1 :]), rows)
         obs_list.append(obs_b)
         act_list.append(action)
         rew_list.append(reward.reshape(*batch, m))
