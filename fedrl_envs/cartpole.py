@@ -245,7 +245,6 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     numpy_kernels = True
     reset_reads_params = False  # every task starts alike and observes its state
     state_as_components = True  # the kernels unbind the state into its components
-    fused_kernels = True  # fused_step: kernels="numba" (fedrl_envs.fused)
     params_cls = CartPoleParams
     defaults = CARTPOLE_DEFAULTS
     level_factors = LEVEL_FACTORS
@@ -295,26 +294,40 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
     def fast_step(
         self, state: torch.Tensor, action: torch.Tensor, params: CartPoleParams
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`step` through the compiled transition where it applies (float32 CPU tensors without
-        gradients, Numba installed): bitwise the same values, a few times faster on small batches.
+        """:meth:`step` through the compiled transition where it applies: bitwise the same values
+        (NaN stays NaN), a few times faster on small batches.
 
-        The algorithms' rollouts step the family through this method. The next state comes back laid
-        out as components (a ``[N, 4]`` view of ``[4, N]``, as the torch kernel's).
+        It applies to a float32 CPU state ``[N, 4]`` without gradients, integer actions ``[N]`` and
+        float32 parameters of ``N`` rows without gradients, with Numba installed and the family's
+        own kernels (:attr:`fused_kernels`); anything else (broadcasting shapes, float64, a subclass
+        with other dynamics) is :meth:`step` itself. The algorithms' rollouts step the family
+        through this method. The next state comes back laid out as components (a ``[N, 4]`` view
+        of ``[4, N]``, as the torch kernel's).
         """
+        n = state.shape[0] if state.dim() == 2 else -1
         if not (state.dtype == torch.float32 and state.device.type == "cpu" and not state.requires_grad
-                and state.dim() == 2 and action.dim() == 1 and not action.is_floating_point() and numba_available()):
+                and state.shape == (n, 4) and action.shape == (n,) and action.device.type == "cpu"
+                and not action.is_floating_point() and action.dtype != torch.bool and not action.requires_grad
+                and _rows_of_float32(params, n) and self.fused_kernels and numba_available()):
             return self.step(state, action, params)
         cache = params.__dict__
         packed = cache.get("_fused_packed")
-        if packed is None or packed.shape[1] != state.shape[0]:
+        if packed is None:
             packed = cache["_fused_packed"] = self.fused_params(params)
-        n = state.shape[0]
+        components = state.T if state.T.is_contiguous() else state.T.contiguous()  # one compiled layout
         next_state = np.empty((4, n), np.float32)
         reward, terminated = np.empty(n, np.float32), np.empty(n, np.bool_)
-        theta = state[:, 2]
-        _fused_kernels()[1](state.T.numpy(), action.numpy().astype(np.int64, copy=False), torch.cos(theta).numpy(),
+        theta = components[2]
+        _fused_kernels()[1](components.numpy(), action.numpy().astype(np.int64, copy=False), torch.cos(theta).numpy(),
                             torch.sin(theta).numpy(), packed, next_state, reward, terminated)
         return torch.from_numpy(next_state).T, torch.from_numpy(reward), torch.from_numpy(terminated)
+
+    @property
+    def fused_kernels(self) -> bool:  # type: ignore[override]
+        """Whether the compiled loops compute this family's dynamics: CartPole's, not a subclass's
+        that overrides a kernel (the loops compile CartPole's own arithmetic)."""
+        cls = type(self)
+        return all(getattr(cls, name) is getattr(CartPoleFamily, name) for name in ("reset", "step", "observe"))
 
     # --- spaces and tasks ----------------------------------------------------------------------
     def observation_space(self, params: CartPoleParams) -> gym.Space:
@@ -355,60 +368,72 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
 CARTPOLE = CartPoleFamily()
 
 
+def _rows_of_float32(params: CartPoleParams, n: int) -> bool:
+    """Whether every field of ``params`` is a float32 CPU tensor ``[n]`` without gradients (no broadcasting)."""
+    return all(
+        isinstance(f, torch.Tensor) and f.dtype == torch.float32 and f.device.type == "cpu" and f.shape == (n,)
+        and not f.requires_grad
+        for f in (params.length, params.masspole, params.masscart, params.force_mag)
+    )
+
+
+# --- the fused CPU step (fedrl_envs.fused) ----------------------------------------------------
+# The loops below call the float32 twins of the arithmetic above and the shared parts of
+# fedrl_envs.fused by global name; _fused_kernels binds those names when it compiles them (first
+# use), so importing this module imports no Numba.
+
+
+def _transition_loop(state, action, cos, sin, packed, next_state, reward, terminated):
+    # One pass over the rows with the step function's operations in its order (so its roundings).
+    for i in range(state.shape[1]):
+        x, x_dot, theta, theta_dot = state[0, i], state[1, i], state[2, i], state[3, i]
+        force = push32(np.float32(action[i]), packed[0, i], packed[1, i])  # noqa: F821
+        x_acc, theta_acc = accelerations32(force, cos[i], sin[i], theta_dot, packed[2, i], packed[3, i],  # noqa: F821
+                                           packed[4, i], packed[5, i])
+        next_x, next_theta = euler32(x, x_dot), euler32(theta, theta_dot)  # noqa: F821
+        next_state[0, i], next_state[2, i] = next_x, next_theta
+        next_state[1, i], next_state[3, i] = euler32(x_dot, x_acc), euler32(theta_dot, theta_acc)  # noqa: F821
+        reward[i] = 1.0
+        terminated[i] = is_terminal32(next_x, next_theta)  # noqa: F821
+
+
+def _vector_step_loop(state, action, cos, sin, packed, t, last_t, autoreset, low, high, row_agent, bases, counters,
+                      golden, advance, next_state, obs, final_obs, reward, terminated, truncated, done, next_t, rows,
+                      noise):
+    transition(state, action, cos, sin, packed, next_state, reward, terminated)  # noqa: F821
+    # The observations in passes of their own, which (unlike one loop writing everything) the
+    # compiler vectorizes.
+    flat_obs = obs.reshape(-1)
+    rows_of_components(next_state, flat_obs)  # noqa: F821
+    copy_flat(flat_obs, final_obs.reshape(-1))  # noqa: F821
+    n_done, n_bad = bookkeeping(action, low, high, terminated, t, last_t, autoreset, truncated, done, next_t, rows)  # noqa: F821
+    if n_bad or not autoreset or not n_done:
+        return n_done, n_bad
+    # The ended rows start again: their starts (observed as they are) replace the transition's.
+    reset_noise(rows[:n_done], row_agent, bases, counters, golden, advance, noise)  # noqa: F821
+    for j in range(n_done):
+        r = rows[j]
+        for k in range(4):
+            value = start32(noise[j, k])  # noqa: F821
+            next_state[k, r] = value
+            flat_obs[4 * r + k] = value
+    return n_done, n_bad
+
+
 @functools.cache
 def _fused_kernels():
-    """The fused CartPole loops, compiled on first use from the kernel's own arithmetic (:mod:`fedrl_envs.fused`):
-    ``(vector env step, transition only)``."""
-    from fedrl_envs.fused import float32_twin, jit, kernel
+    """The fused CartPole loops ``(vector env step, transition only)``, compiled on first use from
+    the kernel's own arithmetic (:mod:`fedrl_envs.fused`)."""
+    from fedrl_envs.fused import compile_loop, float32_twin, inline, kernel, kernel_sources
 
-    start32, push32, accelerations32, euler32, is_terminal32 = (
-        float32_twin(f) for f in (start_state, push, accelerations, euler, is_terminal))
-    bookkeeping, reset_noise, rows_of_components, copy_flat = (
-        kernel(name) for name in ("bookkeeping", "reset_noise", "rows_of_components", "copy_flat"))
-
-    def transition(state, action, cos, sin, packed, next_state, reward, terminated):
-        # One pass over the rows with the step function's operations in its order (so its roundings).
-        for i in range(state.shape[1]):
-            x, x_dot, theta, theta_dot = state[0, i], state[1, i], state[2, i], state[3, i]
-            force = push32(np.float32(action[i]), packed[0, i], packed[1, i])
-            x_acc, theta_acc = accelerations32(force, cos[i], sin[i], theta_dot, packed[2, i], packed[3, i],
-                                               packed[4, i], packed[5, i])
-            next_x, next_theta = euler32(x, x_dot), euler32(theta, theta_dot)
-            next_state[0, i], next_state[2, i] = next_x, next_theta
-            next_state[1, i], next_state[3, i] = euler32(x_dot, x_acc), euler32(theta_dot, theta_acc)
-            reward[i] = 1.0
-            terminated[i] = is_terminal32(next_x, next_theta)
-
-    transition_inline = _inline(transition)
-
-    def vector_step(state, action, cos, sin, packed, t, last_t, autoreset, low, high, row_agent, bases, counters,
-                    golden, advance, next_state, obs, final_obs, reward, terminated, truncated, done, next_t, rows, noise):
-        transition_inline(state, action, cos, sin, packed, next_state, reward, terminated)
-        # The observations in passes of their own, which (unlike one loop writing everything) the
-        # compiler vectorizes.
-        flat_obs = obs.reshape(-1)
-        rows_of_components(next_state, flat_obs)
-        copy_flat(flat_obs, final_obs.reshape(-1))
-        n_done, n_bad = bookkeeping(action, low, high, terminated, t, last_t, autoreset, truncated, done, next_t, rows)
-        if n_bad or not autoreset or not n_done:
-            return n_done, n_bad
-        # The ended rows start again: their starts (observed as they are) replace the transition's.
-        reset_noise(rows[:n_done], row_agent, bases, counters, golden, advance, noise)
-        for j in range(n_done):
-            r = rows[j]
-            for k in range(4):
-                value = start32(noise[j, k])
-                next_state[k, r] = value
-                flat_obs[4 * r + k] = value
-        return n_done, n_bad
-
-    return jit(vector_step), jit(transition)
-
-
-def _inline(func):
-    from fedrl_envs.fused import _jit_inline
-
-    return _jit_inline(func)
+    arithmetic = (start_state, push, accelerations, euler, is_terminal)
+    twins = dict(zip(("start32", "push32", "accelerations32", "euler32", "is_terminal32"),
+                     (float32_twin(f) for f in arithmetic), strict=True))
+    parts = {name: kernel(name) for name in ("bookkeeping", "reset_noise", "rows_of_components", "copy_flat")}
+    sources = (*arithmetic, _transition_loop, *kernel_sources())
+    transition = compile_loop(_transition_loop, twins, sources)
+    vector_step = compile_loop(_vector_step_loop, twins | parts | {"transition": inline(_transition_loop, twins)}, sources)
+    return vector_step, transition
 
 
 class CartPoleEnv(FamilyEnv[CartPoleParams]):

@@ -665,7 +665,9 @@ class FamilyVectorEnv(VectorEnv):
         memory (NumPy operations cost about half of torch's), with bitwise the same transitions for
         the gridworld and arc navigation and, for CartPole and Pendulum, transitions one float32 ulp
         apart wherever NumPy and torch round ``sin``/``cos`` differently (about 5% of arguments);
-        starts, resets and the random streams are the same in both
+        starts, resets and the random streams are the same in both; ``"numba"``: on the CPU, for a
+        family with a fused step (CartPole), each step is one compiled pass (:mod:`fedrl_envs.fused`,
+        Numba needed) with bitwise the torch path's values
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -1098,7 +1100,7 @@ class FamilyVectorEnv(VectorEnv):
         :param autoreset: ``False`` for the fixed-horizon mode
         :param render_mode: must be ``None`` (the native vector env does not render)
         :param array_type: ``"torch"`` or ``"numpy"``: what the env returns
-        :param kernels: ``"torch"`` or ``"numpy"``: what the step kernel runs on (see the class)
+        :param kernels: ``"torch"``, ``"numpy"`` or ``"numba"``: what the step kernel runs on (see the class)
         :param task_kwargs: the task's ``gym.make`` keyword arguments
         """
         num_envs = check_int("num_envs", num_envs, 1)

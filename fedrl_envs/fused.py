@@ -4,44 +4,59 @@ A torch (or NumPy) CPU operation costs microseconds however small its input, and
 environments every operation also streams its inputs and output through memory: a CartPole step
 of the native vector env is about 70 of them. With ``kernels="numba"`` a family that has a fused
 step (:attr:`TaskFamily.fused_kernels <fedrl_envs.core.TaskFamily>`) runs the transition, the
-termination test, the time limit, the observation copies and the list of rows to reset as one
-loop compiled by `Numba <https://numba.pydata.org>`_; the resets of those rows are then drawn by
-the vector env's NumPy twin of its torch draw (the same bits).
+termination test, the time limit, the observation copies, the list of rows to reset and their
+resets (the same reset words, hashed by the same finalizer function) as one call of loops
+compiled by `Numba <https://numba.pydata.org>`_; the algorithms' rollouts use the compiled
+transition alone (:meth:`TaskFamily.fast_step <fedrl_envs.core.TaskFamily.fast_step>`).
 
 **The same numbers.** A fused step compiles the family's own arithmetic, the functions its torch
 kernel calls (for CartPole: :func:`~fedrl_envs.cartpole.push`,
 :func:`~fedrl_envs.cartpole.accelerations`, :func:`~fedrl_envs.cartpole.euler`,
-:func:`~fedrl_envs.cartpole.is_terminal`), through :func:`float32_twin`, so there is one source of
+:func:`~fedrl_envs.cartpole.is_terminal`, :func:`~fedrl_envs.cartpole.start_state`), through :func:`float32_twin`, so there is one source of
 truth for the dynamics. Torch applies a Python float to a float32 tensor in float32 and rounds
 every operation separately; the twin does the same (its float constants are float32, and Numba
 does not contract ``a * b + c`` into fused multiply-adds unless asked to). Transcendental
 functions are the one place where libraries round differently, so a fused step takes them from
 torch (``torch.cos``/``torch.sin`` of the batch, two vectorized calls). Trajectories are therefore
-bitwise those of ``kernels="torch"`` (``tests/test_fused_kernels.py``).
+bitwise those of ``kernels="torch"`` (``tests/test_fused_kernels.py``); a NaN, which only a state
+set by hand can bring in, stays NaN but may carry another payload (the compiler may swap the
+operands of a commutative operation).
 
 Numba is optional (``pip install "fedrl[fast]"``); it is imported, and the loops compiled, the
-first time a fused step runs (about a second; Numba's on-disk cache keeps the compiled code for
-later processes where the package directory is writable).
+first time a fused step runs (about two seconds). :func:`compile_loop` caches them on disk under
+a name hashed from the source of every function compiled in, so later processes load them (about
+half a second with Numba's import) and an edited kernel is compiled anew, never loaded stale.
+
+Limits of :func:`float32_twin`: it converts the float constants a function reads from its module,
+not float literals written in its body (name them, as ``FOUR_THIRDS``) and not the constants of
+functions it calls (compile those with their own twins); the constants are read when the loop
+is first compiled.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["numba_available", "float32_twin", "jit", "kernel"]
+__all__ = ["numba_available", "float32_twin", "compile_loop", "inline", "kernel", "kernel_sources"]
 
 
 @functools.cache
 def numba_available() -> bool:
-    """Whether Numba can be imported (what ``kernels="numba"`` and the compiled rollout steps need)."""
+    """Whether Numba can be imported (what ``kernels="numba"`` and the compiled rollout steps need).
+
+    Any failure to import it (not installed, or built for another NumPy) counts as unavailable: the
+    rollouts then keep the torch kernels, which give the same numbers.
+    """
     try:
         _numba()
-    except ImportError:
+    except Exception:  # noqa: BLE001 - an installed but broken Numba must not break the torch path
         return False
     return True
 
@@ -55,12 +70,34 @@ def _numba() -> Any:
     return numba
 
 
-def jit(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` compiled by Numba for the fused steps (no GIL held, no bounds checks, NumPy's division semantics).
+def compile_loop(loop: Callable[..., Any], callees: dict[str, Callable[..., Any]],
+                 compiled_from: Sequence[Callable[..., Any]] = ()) -> Callable[..., Any]:
+    """``loop`` compiled by Numba (no GIL, no bounds checks, NumPy's division semantics), cached on disk.
 
-    ``error_model="numpy"``: a division by zero gives inf or nan as torch's does, instead of raising.
+    ``loop`` calls its compiled helpers by global name; ``callees`` binds those names (e.g. the
+    :func:`float32_twin` of each arithmetic function). Numba keys its cache on the loop's own code
+    and file only, so the cache entry is named after a hash of the source of every function
+    compiled in (``loop`` and ``compiled_from``) and of the float constants they read: editing any
+    of them compiles anew instead of loading a stale loop. Where no cache directory is writable
+    the loop is compiled without one (once per process). ``error_model="numpy"``: a division by
+    zero gives inf or nan as torch's does, instead of raising.
     """
-    return _numba().njit(nogil=True, boundscheck=False, error_model="numpy", cache=True)(func)
+    digest = hashlib.sha256()
+    for func in (loop, *compiled_from):
+        digest.update(inspect.getsource(func).encode())
+        for name in sorted(set(func.__code__.co_names)):
+            value = func.__globals__.get(name)
+            if type(value) is float:
+                digest.update(f"{name}={value!r}".encode())
+    namespace = dict(loop.__globals__) | callees
+    clone = types.FunctionType(loop.__code__, namespace, loop.__name__, loop.__defaults__, loop.__closure__)
+    clone.__qualname__ = f"{loop.__qualname__}_{digest.hexdigest()[:16]}"
+    clone.__module__ = loop.__module__
+    njit = _numba().njit
+    try:
+        return njit(nogil=True, boundscheck=False, error_model="numpy", cache=True)(clone)
+    except RuntimeError:  # no cache locator (read-only install, no writable home): compile per process
+        return njit(nogil=True, boundscheck=False, error_model="numpy")(clone)
 
 
 def float32_twin(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -81,11 +118,11 @@ def float32_twin(func: Callable[..., Any]) -> Callable[..., Any]:
     return _numba().njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")(twin)
 
 
-def _jit_inline(func: Callable[..., Any], **globals_: Any) -> Callable[..., Any]:
-    """``func`` compiled to be inlined into a fused loop, with some of its module globals replaced
-    (the compiled versions of the functions it calls)."""
-    if globals_:
-        namespace = dict(func.__globals__) | globals_
+def inline(func: Callable[..., Any], callees: dict[str, Callable[..., Any]] | None = None) -> Callable[..., Any]:
+    """``func`` compiled to be inlined into a fused loop, with ``callees`` bound as the globals it
+    calls them by (the compiled versions of the functions it calls)."""
+    if callees:
+        namespace = dict(func.__globals__) | callees
         func = types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
     return _numba().njit(nogil=True, boundscheck=False, error_model="numpy", inline="always")(func)
 
@@ -159,6 +196,13 @@ def _copy_flat(source, target):
         target[j] = source[j]
 
 
+def kernel_sources() -> tuple[Callable[..., Any], ...]:
+    """The Python functions :func:`kernel` compiles (what a loop calling them must hash into its cache key)."""
+    from fedrl_envs.rng import uniform32_of_finalizer_input_numpy
+
+    return (_bookkeeping, _reset_noise, _rows_of_components, _copy_flat, uniform32_of_finalizer_input_numpy)
+
+
 @functools.cache
 def kernel(name: str) -> Callable[..., Any]:
     """A shared part of the fused steps, compiled (on first use) to be inlined into a family's loop:
@@ -166,8 +210,8 @@ def kernel(name: str) -> Callable[..., Any]:
     from fedrl_envs.rng import uniform32_of_finalizer_input_numpy
 
     if name == "reset_noise":
-        return _jit_inline(_reset_noise, finalize=_jit_inline(uniform32_of_finalizer_input_numpy))
+        return inline(_reset_noise, {"finalize": inline(uniform32_of_finalizer_input_numpy)})
     parts = {"bookkeeping": _bookkeeping, "rows_of_components": _rows_of_components, "copy_flat": _copy_flat}
     if name not in parts:
         raise ValueError(f"name must be one of {['reset_noise', *parts]}, got {name!r}")
-    return _jit_inline(parts[name])
+    return inline(parts[name])

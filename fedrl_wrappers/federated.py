@@ -216,10 +216,12 @@ class FederatedVecEnv(VectorEnv, ABC):
     :param array_type: ``"torch"`` (default): observations, rewards, flags and infos are torch
         tensors on ``device``; ``"numpy"``: NumPy arrays (observations in the observation space's
         dtype, rewards ``float32``, flags ``bool``), for NumPy libraries; actions may be either
-    :param kernels: native backend only: ``"torch"`` (default) or ``"numpy"``, what the family's
-        step kernel runs on (:class:`fedrl_envs.FamilyVectorEnv`'s ``kernels``: NumPy on the CPU
-        is faster; bitwise the same transitions for the gridworld and arc navigation, one float32
-        ulp apart where NumPy and torch round ``sin``/``cos`` differently for CartPole and Pendulum)
+    :param kernels: native backend only: ``"torch"`` (default), ``"numpy"`` or ``"numba"``, what the
+        family's step kernel runs on (:class:`fedrl_envs.FamilyVectorEnv`'s ``kernels``: NumPy on
+        the CPU is faster, with bitwise the same transitions for the gridworld and arc navigation
+        and one float32 ulp apart where NumPy and torch round ``sin``/``cos`` differently for
+        CartPole and Pendulum; ``"numba"``, CartPole only: each step one compiled pass, bitwise
+        the torch values, the fastest on the CPU)
     """
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -613,7 +615,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             raise ValueError(f"env_id {env_id!r} is not a registered Gymnasium environment")
         if args.kernels != "torch":
             raise ValueError(
-                f"kernels is for fedrl's native families (their step kernel runs on torch or NumPy); {env_id} steps "
+                f"kernels is for fedrl's native families (their step kernel runs on torch, NumPy or Numba); {env_id} steps "
                 f'its own Gymnasium envs, got kernels={args.kernels!r}'
             )
         if vectorization_mode is None:

@@ -157,3 +157,60 @@ def test_fast_step_is_the_kernel_step_bitwise_and_falls_back_where_it_does_not_a
     assert torch.equal(CARTPOLE.fast_step(double, action, params)[0], CARTPOLE.step(double, action, params)[0])
     with_grad = row_major.clone().requires_grad_()
     assert CARTPOLE.fast_step(with_grad, action, params)[0].requires_grad
+
+
+def test_fast_step_falls_back_to_the_kernel_for_what_the_loop_does_not_cover():
+    from fedrl_envs.core import repeat_params, stack_params
+
+    gen = torch.Generator().manual_seed(6)
+    state = (torch.rand(12, 4, generator=gen) - 0.5) * 0.2
+    action = torch.randint(0, 2, (12,), generator=gen)
+    one_agent = stack_params(CARTPOLE.train_tasks[:1])  # parameters [1]: broadcast by torch
+    cases = [
+        (state, action, one_agent),
+        (state, action[:1], repeat_params(one_agent, 12)),  # one action for every row
+        (state, action, CARTPOLE.make_params(agent=3)),  # one task's 0-d parameters
+    ]
+    for s, a, p in cases:
+        for x, y in zip(CARTPOLE.step(s, a, p), CARTPOLE.fast_step(s, a, p), strict=True):
+            assert torch.equal(x, y)
+    grad_params = repeat_params(stack_params(CARTPOLE.train_tasks[:1]), 12)
+    grad_params = type(grad_params)(**{**grad_params.__dict__, "length": grad_params.length.clone().requires_grad_()})
+    assert CARTPOLE.fast_step(state, action, grad_params)[0].requires_grad
+    with pytest.raises(RuntimeError):  # the kernel's own shape error, not a read past the array
+        CARTPOLE.fast_step(state, torch.zeros(13, dtype=torch.int64), repeat_params(one_agent, 12))
+
+
+def test_a_subclass_with_its_own_dynamics_is_not_fused():
+    class Windy(type(CARTPOLE)):
+        def step(self, state, action, params):
+            next_state, reward, terminated = super().step(state, action, params)
+            return next_state + 0.01, reward, terminated
+
+    windy = Windy()
+    assert CARTPOLE.fused_kernels and not windy.fused_kernels
+    from fedrl_envs.core import repeat_params, stack_params
+
+    params = repeat_params(stack_params(CARTPOLE.train_tasks[:2]), 3)
+    state, action = torch.zeros(6, 4), torch.ones(6, dtype=torch.int64)
+    assert torch.equal(windy.fast_step(state, action, params)[0], windy.step(state, action, params)[0])
+    with pytest.raises(ValueError, match="fused_kernels"):
+        FamilyVectorEnv(windy, CARTPOLE.train_tasks[:1], kernels="numba")
+
+
+def test_without_a_writable_cache_the_loops_compile_per_process(monkeypatch):
+    # A read-only install with no writable home: Numba finds no cache locator and refuses cache=True.
+    import numba.core.caching as caching
+
+    from fedrl_envs import fused
+
+    monkeypatch.setattr(caching.CacheImpl, "_locator_classes", [])
+
+    def loop(x, out):
+        for i in range(x.shape[0]):
+            out[i] = x[i] + 1.0
+
+    compiled = fused.compile_loop(loop, {})
+    out = np.empty(3)
+    compiled(np.zeros(3), out)
+    assert out.tolist() == [1.0, 1.0, 1.0]
