@@ -189,7 +189,7 @@ def bench_vector(
     sync_max_envs: int = 1_000,
     seed: int = 0,
     show: bool = True,
-    kernels: str = "torch",
+    kernels: str = "auto",
 ) -> list[VectorBenchRecord]:
     """Time fedrl's federated env against each installed baseline; one record per env and size.
 
@@ -204,9 +204,15 @@ def bench_vector(
     :param show: print the table
     :param kernels: what fedrl's step kernel runs on, ``"torch"``, ``"numpy"`` or ``"numba"``
         (``FederatedVecEnv(kernels=)``); ``"numba"`` (the fused step) where the family has one, torch
-        for the others, as each record's ``kernels`` says
+        for the others; ``"auto"`` (default): fedrl's fastest path, the fused step where the family
+        has one, the device is the CPU and Numba is installed, torch otherwise. Each record's
+        ``kernels`` says what ran
     """
     import fedrl_envs
+    from fedrl_envs.fused import numba_available
+
+    if kernels not in ("auto", "torch", "numpy", "numba"):
+        raise ValueError(f'kernels must be "auto", "torch", "numpy" or "numba", got {kernels!r}')
 
     for env_id in env_ids:
         if env_id not in _GYMNASIUM_ID:
@@ -221,9 +227,11 @@ def bench_vector(
     }
     records = []
     for env_id in env_ids:
-        row_kernels = kernels
-        if kernels == "numba" and not fedrl_envs.get_family(env_id).fused_kernels:
-            row_kernels = "torch"
+        fused = fedrl_envs.get_family(env_id).fused_kernels
+        if kernels == "auto":
+            row_kernels = "numba" if fused and device == "cpu" and numba_available() else "torch"
+        else:
+            row_kernels = "torch" if kernels == "numba" and not fused else kernels
         for n_envs in sizes:
             fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed, row_kernels)
             rates: dict[str, float | None] = {}
@@ -297,8 +305,9 @@ def add_vector_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--envs", nargs="+", choices=["CartPole", "Pendulum"], default=["CartPole", "Pendulum"], help="families to time")
     p.add_argument("--baselines", nargs="+", choices=list(BASELINES), default=list(BASELINES), help="baselines to time (missing ones are reported)")
     p.add_argument("--device", default="cpu", help="torch device of fedrl's env")
-    p.add_argument("--kernels", choices=["torch", "numpy", "numba"], default="torch",
-                   help="what fedrl's step kernel runs on (numpy, numba: CPU only; numba: the fused step where the family has one)")
+    p.add_argument("--kernels", choices=["auto", "torch", "numpy", "numba"], default="auto",
+                   help="what fedrl's step kernel runs on (numpy, numba: CPU only; numba: the fused step where the family has "
+                        "one; auto, the default: numba where it applies and Numba is installed, else torch)")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds per timing (default 1)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1000 envs, tiny timings")

@@ -51,3 +51,11 @@ def test_numba_kernels_run_where_the_family_has_a_fused_step():
     records = bench_vector(sizes=(20,), baselines=("gymnasium",), min_time=0.01, show=False, kernels="numba")
     assert [r.kernels for r in records] == ["numba", "torch"]  # Pendulum has no fused step
     assert all(r.fedrl_steps_per_s > 0 for r in records)
+
+
+def test_auto_kernels_pick_the_fused_step_on_the_cpu_only_where_it_applies():
+    pytest.importorskip("numba")
+    records = bench_vector(sizes=(20,), baselines=("gymnasium",), min_time=0.01, show=False)  # kernels="auto"
+    assert [r.kernels for r in records] == ["numba", "torch"]
+    with pytest.raises(ValueError, match="kernels must be"):
+        bench_vector(sizes=(20,), show=False, kernels="jax")
