@@ -89,6 +89,9 @@ def compile_loop(loop: Callable[..., Any], callees: dict[str, Callable[..., Any]
             value = func.__globals__.get(name)
             if type(value) is float:
                 digest.update(f"{name}={value!r}".encode())
+    for name, value in sorted(callees.items()):  # constants bound as globals are compiled in too
+        if not callable(value):
+            digest.update(f"{name}={value!r}".encode())
     namespace = dict(loop.__globals__) | callees
     clone = types.FunctionType(loop.__code__, namespace, loop.__name__, loop.__defaults__, loop.__closure__)
     clone.__qualname__ = f"{loop.__qualname__}_{digest.hexdigest()[:16]}"

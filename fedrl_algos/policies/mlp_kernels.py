@@ -174,7 +174,7 @@ def mlp_rollout(
         cdf = torch.baddbmm(a2b, a2, torch.baddbmm(a1b, a1, xt).sigmoid_())
         cdf = cdf.sub_(cdf.amax(-2, keepdim=True)).exp_().cumsum_(-2)
         action = (cdf < cdf[:, -1:, :] * uniforms[:, t]).sum(-2).clamp_(max=last)  # [rows, m]
-        state, reward, terminated = family.step(state, action.reshape(rows * m), row_params)
+        state, reward, terminated = family.fast_step(state, action.reshape(rows * m), row_params)
         obs_list.append(obs)
         act_list.append(action)
         rew_list.append(reward)
