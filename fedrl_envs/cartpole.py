@@ -191,7 +191,7 @@ class CartPoleParams:
 
 
 # The arithmetic of a step, written once for every backend: these take and return torch tensors,
-# NumPy arrays or scalars alike (only + - * / and comparisons), and the fused CPU step
+# NumPy arrays or scalars alike (arithmetic, abs, comparisons and |), and the fused CPU step
 # (fedrl_envs.fused) compiles these very functions with Numba.
 
 
@@ -272,11 +272,15 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
         return next_state, xp.ones_like(next_x), terminated
 
     def fused_params(self, params: CartPoleParams) -> np.ndarray:
-        """The rows' parameters as :meth:`fused_step` reads them: float32 ``[6, N]`` (the push's two
-        terms, total mass, pole mass × length, length, pole mass)."""
-        p = params.to_dtype(torch.float32)
-        fields = (p.neg_force_mag, p.two_force_mag, p.total_mass, p.polemass_length, p.length, p.masspole)
-        return np.stack([f.detach().cpu().numpy() for f in fields])
+        """The rows' parameters as the compiled loops read them: float32 ``[6, N]`` (the push's two
+        terms, total mass, pole mass × length, length, pole mass), packed once per parameter object
+        (its fields are never written in place) and kept on it."""
+        packed = params.__dict__.get("_fused_packed")
+        if packed is None:
+            p = params.to_dtype(torch.float32)
+            fields = (p.neg_force_mag, p.two_force_mag, p.total_mass, p.polemass_length, p.length, p.masspole)
+            packed = params.__dict__["_fused_packed"] = np.stack([f.detach().cpu().numpy() for f in fields])
+        return packed
 
     def fused_step(self, state: np.ndarray, action: np.ndarray, *rest: Any) -> tuple[int, int]:
         """A whole native vector env step in one compiled call (``kernels="numba"``, :mod:`fedrl_envs.fused`).
@@ -310,10 +314,7 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
                 and not action.is_floating_point() and action.dtype != torch.bool and not action.requires_grad
                 and _rows_of_float32(params, n) and self.fused_kernels and numba_available()):
             return self.step(state, action, params)
-        cache = params.__dict__
-        packed = cache.get("_fused_packed")
-        if packed is None:
-            packed = cache["_fused_packed"] = self.fused_params(params)
+        packed = self.fused_params(params)
         components = state.T if state.T.is_contiguous() else state.T.contiguous()  # one compiled layout
         next_state = np.empty((4, n), np.float32)
         reward, terminated = np.empty(n, np.float32), np.empty(n, np.bool_)

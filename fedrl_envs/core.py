@@ -1003,9 +1003,7 @@ class FamilyVectorEnv(VectorEnv):
         action = self._fused_actions(actions)
         state = self._state.T.numpy()  # the components [d, N] (state_as_components layout)
         n, d = self.num_envs, state.shape[0]
-        packed = getattr(self, "_fused_packed", None)
-        if packed is None:
-            packed = self._fused_packed = self.family.fused_params(self.params)
+        packed = self.family.fused_params(self.params)  # packed once, kept on the parameters
         row_agent, bases = self._reset_word_bases()
         counters = self.streams.counters.numpy().view(np.uint64).copy()
         space = self.single_action_space
