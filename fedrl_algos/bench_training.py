@@ -1,7 +1,8 @@
 """``fedrl bench training``: env steps per second of whole training rounds against the bare env.
 
 For each configuration (the paper settings' defaults of MFPO and FedPG-BR on ``fedrl/CartPole-v0``
-and Per-FedAvg-PG on ``fedrl/ArcNavigation-v0``) it times ``learn`` over whole rounds, after one
+and Per-FedAvg-PG on ``fedrl/ArcNavigation-v0``, the latter also with ``FastMlpPolicy(kernels="numba")``,
+when Numba is installed) it times ``learn`` over whole rounds, after one
 warm-up round, ``repeats`` times, and reports the median. Everything a round does (policy forwards
 in the rollout, sampling, the estimators, aggregation) is in that figure.
 
@@ -33,11 +34,13 @@ from fedrl_algos.core.sampling import Sampler
 
 __all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "CONFIGS"]
 
-#: name -> (algorithm class name, policy, env id)
-CONFIGS: dict[str, tuple[str, str, str]] = {
-    "mfpo-cartpole": ("MFPO", "MlpPolicy", "fedrl/CartPole-v0"),
-    "fedpg_br-cartpole": ("FedPGBR", "MlpPolicy", "fedrl/CartPole-v0"),
-    "per_fedavg_pg-arc": ("PerFedAvgPG", "MlpPolicy", "fedrl/ArcNavigation-v0"),
+#: name -> (algorithm class name, policy, env id, policy kwargs)
+CONFIGS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "mfpo-cartpole": ("MFPO", "MlpPolicy", "fedrl/CartPole-v0", {}),
+    "fedpg_br-cartpole": ("FedPGBR", "MlpPolicy", "fedrl/CartPole-v0", {}),
+    "per_fedavg_pg-arc": ("PerFedAvgPG", "MlpPolicy", "fedrl/ArcNavigation-v0", {}),
+    # the compiled rollouts and gradients of FastMlpPolicy (fedrl_algos.policies.mlp_compiled); needs Numba
+    "per_fedavg_pg-arc-numba": ("PerFedAvgPG", "FastMlpPolicy", "fedrl/ArcNavigation-v0", {"kernels": "numba"}),
 }
 
 
@@ -199,6 +202,7 @@ def bench_training(
     """
     import fedrl_algos
     from fedrl_envs.core import check_int
+    from fedrl_envs.fused import numba_available
 
     for name in configs:
         if name not in CONFIGS:
@@ -207,8 +211,12 @@ def bench_training(
     repeats = check_int("repeats", repeats, 1)
     records = []
     for name in configs:
-        cls_name, policy, env_id = CONFIGS[name]
-        model = getattr(fedrl_algos, cls_name)(policy, env_id, seed=seed, device=device)
+        cls_name, policy, env_id, policy_kwargs = CONFIGS[name]
+        if policy_kwargs.get("kernels") == "numba" and not numba_available():
+            print(f"fedrl bench training: {name} skipped (it needs Numba: pip install 'fedrl[fast]')")
+            continue
+        policy_class = getattr(fedrl_algos, policy) if policy == "FastMlpPolicy" else policy
+        model = getattr(fedrl_algos, cls_name)(policy_class, env_id, seed=seed, device=device, policy_kwargs=dict(policy_kwargs))
         model.learn(total_rounds=1)
         counter = _count_steps(model)[0]
         blocks = [_time_rounds(model, rounds, counter) for _ in range(repeats)]

@@ -14,7 +14,7 @@ import torch
 from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
 from fedrl_envs.ops import array_ops
 
-__all__ = ["ArcNavigationParams", "ArcNavigationFamily", "ArcNavigationEnv", "ARC_NAVIGATION"]
+__all__ = ["ArcNavigationParams", "ArcNavigationFamily", "ArcNavigationEnv", "ARC_NAVIGATION", "row_transition"]
 
 N_ACTIONS = 8
 ARC_RADIUS = 0.8
@@ -89,6 +89,26 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
         next_state = xp.clip(state + moves, -1.0, 1.0)
         return next_state, reward, xp.zeros_like(reward, dtype=xp.bool)
 
+    def compiled_transition(self, params: ArcNavigationParams, rows: int) -> tuple[Any, tuple[Any, ...]] | None:
+        """:meth:`TaskFamily.compiled_transition`: :func:`row_transition` and ``(goal [rows, 2], r², moves [8, 2])``.
+
+        ``None`` for a subclass that overrides a kernel, float64 goals or goals that are not one per
+        row (or one for all).
+        """
+        cls = type(self)
+        if any(getattr(cls, name) is not getattr(ArcNavigationFamily, name) for name in ("reset", "step", "observe", "in_goal")):
+            return None
+        goal = params.goal
+        if not isinstance(goal, torch.Tensor) or goal.dtype != torch.float32 or goal.device.type != "cpu" or goal.requires_grad:
+            return None
+        goal = goal.reshape(-1, 2)
+        if goal.shape[0] not in (1, rows):
+            return None
+        goal = goal.expand(rows, 2).contiguous().numpy()
+        # torch compares the float32 sum with the Python float r² in float32, hence the rounding here
+        radius_sq = np.float32(params.goal_radius**2)
+        return _compiled_row_transition(), (goal, radius_sq, _compass(params.step_size).numpy())
+
     def observation_space(self, params: ArcNavigationParams) -> gym.Space:
         return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
 
@@ -159,6 +179,31 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
 
 
 ARC_NAVIGATION = ArcNavigationFamily()
+
+
+@lru_cache(maxsize=1)
+def _compiled_row_transition() -> Any:
+    from fedrl_envs.fused import inline
+
+    return inline(row_transition)
+
+
+def row_transition(state, i, action, row, data):
+    """:meth:`ArcNavigationFamily.step` of one environment, compiled into policy rollouts
+    (:meth:`ArcNavigationFamily.compiled_transition`): ``state[i]`` moves in place; ``(reward, terminated)``;
+    ``data = (goal [rows, 2], r², moves [8, 2])``.
+
+    The same float32 operations in the same order as the torch kernel (the squared distance to
+    the goal ``row`` compared with r², the move of ``action`` added, the sum clipped to the box),
+    so the values are bitwise the torch kernel's (``tests/test_compiled_mlp.py``).
+    """
+    goal, radius_sq, moves = data
+    x, y = state[i, 0], state[i, 1]
+    dx, dy = x - goal[row, 0], y - goal[row, 1]
+    reward = np.float32(dx * dx + dy * dy <= radius_sq)
+    state[i, 0] = min(max(x + moves[action, 0], np.float32(-1.0)), np.float32(1.0))
+    state[i, 1] = min(max(y + moves[action, 1], np.float32(-1.0)), np.float32(1.0))
+    return reward, False
 
 
 class ArcNavigationEnv(FamilyEnv[ArcNavigationParams]):

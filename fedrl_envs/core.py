@@ -369,6 +369,18 @@ class TaskFamily(ABC, Generic[P]):
         and it applies (CartPole on the CPU with Numba installed); what the algorithms' rollouts call."""
         return self.step(state, action, params)
 
+    def compiled_transition(self, params: P, rows: int) -> tuple[Any, tuple[Any, ...]] | None:
+        """The transition of one environment as a Numba function, for compiled policy rollouts
+        (``FastMlpPolicy(kernels="numba")``, :mod:`fedrl_algos.policies.mlp_compiled`), or ``None``.
+
+        A family that has one returns ``(transition, data)``: ``transition(state, i, action, row,
+        data) -> (reward, terminated)`` moves ``state[i]`` (a float32 ``[N, d]`` array whose rows
+        are also the observations) in place, with the task parameters of batch row ``row`` read
+        from ``data`` (NumPy arrays and scalars packed from ``params``, ``rows`` batch rows), with
+        bitwise the values of :meth:`step`. ``None`` (the default) keeps the torch rollout.
+        """
+        return None
+
     # --- spaces and tasks ----------------------------------------------------------------------
     @abstractmethod
     def observation_space(self, params: P) -> gym.Space:

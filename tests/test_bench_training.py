@@ -80,3 +80,16 @@ def test_counting_sampler_sums_the_masks_and_shares_its_count():
 def test_bad_arguments_name_themselves(kwargs, match):
     with pytest.raises(ValueError, match=match):
         bench_training(show=False, **kwargs)
+
+
+def test_the_compiled_arc_configuration_trains_the_same_federation_with_the_compiled_kernels(monkeypatch):
+    pytest.importorskip("numba")
+    arc, compiled = bench_training(configs=("per_fedavg_pg-arc", "per_fedavg_pg-arc-numba"), rounds=1, repeats=1,
+                                   min_time=0.01, show=False)
+    assert compiled.config == "per_fedavg_pg-arc-numba"
+    # the same federation and budget: only the kernels differ
+    assert (compiled.n_agents, compiled.envs_per_agent, compiled.env_steps) == (arc.n_agents, arc.envs_per_agent, arc.env_steps)
+    import fedrl_envs.fused
+
+    monkeypatch.setattr(fedrl_envs.fused, "numba_available", lambda: False)
+    assert bench_training(configs=("per_fedavg_pg-arc-numba",), rounds=1, repeats=1, min_time=0.01, show=False) == []

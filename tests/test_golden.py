@@ -5,7 +5,8 @@
 * ``fedrl reproduce personalization`` and ``fedrl reproduce alpha`` (full size, 10 seeds), and
 * ``fedrl reproduce fewshot|curvature|mfpo|byzantine --quick`` (2 seeds),
 
-as written by the code of commit eee9621. A change that moves code must leave every record equal
+as written by the code of commit eee9621, and ``fewshot_numba.json.gz``: the full ``fewshot`` run with
+the compiled MLP kernels (``--kernels numba``), as written by the commit that added them. A change that moves code must leave every record equal
 (bitwise: JSON writes floats with ``repr``, which round-trips exactly). A change that is *meant* to
 change a number updates the golden file in the same commit and says why in its message.
 """
@@ -24,13 +25,22 @@ from fedrl_algos.cli import main
 GOLDEN = Path(__file__).parent / "golden"
 
 RUNS = {
-    "personalization": [],
-    "alpha": [],
-    "fewshot": ["--quick"],
-    "curvature": ["--quick"],
-    "mfpo": ["--quick"],
-    "byzantine": ["--quick"],
+    "personalization": ("personalization", []),
+    "alpha": ("alpha", []),
+    "fewshot": ("fewshot", ["--quick", "--kernels", "torch"]),
+    "curvature": ("curvature", ["--quick", "--kernels", "torch"]),
+    "mfpo": ("mfpo", ["--quick"]),
+    "byzantine": ("byzantine", ["--quick"]),
+    # The compiled MLP kernels round differently (fedrl_algos.policies.mlp_compiled), but in the
+    # quick runs no action flips, so their records are the torch kernels' golden ones ...
+    "fewshot-numba": ("fewshot", ["--quick", "--kernels", "numba"]),
+    "curvature-numba": ("curvature", ["--quick", "--kernels", "numba"]),
 }
+#: golden files of the compiled kernels' own numbers (written by the commit that added the kernels):
+#: ... and at full size they part from the torch kernels, so the full fewshot run has its own
+GOLDEN_FILES = {"fewshot-numba-full": "fewshot_numba"}
+RUNS["fewshot-numba-full"] = ("fewshot", ["--kernels", "numba"])
+NEEDS_NUMBA = {"fewshot-numba", "curvature-numba", "fewshot-numba-full"}
 
 
 def _first_difference(got: list[dict], want: list[dict]) -> str:
@@ -50,13 +60,20 @@ def _first_difference(got: list[dict], want: list[dict]) -> str:
     return f"largest difference {worst:.3g} at record {where[0]} field {where[1]!r}: {where[2]!r} vs golden {where[3]!r}"
 
 
-@pytest.mark.parametrize("experiment", list(RUNS))
-def test_reproduction_records_equal_golden(experiment: str, tmp_path: Path) -> None:
-    code = main(["reproduce", experiment, *RUNS[experiment], "--out", str(tmp_path), "--no-progress"])
+@pytest.mark.parametrize("run", list(RUNS))
+def test_reproduction_records_equal_golden(run: str, tmp_path: Path) -> None:
+    if run in NEEDS_NUMBA:
+        pytest.importorskip("numba")
+    experiment, args = RUNS[run]
+    code = main(["reproduce", experiment, *args, "--out", str(tmp_path), "--no-progress"])
     assert code == 0
-    got = json.loads((tmp_path / experiment / "results.json").read_text())["records"]
-    with gzip.open(GOLDEN / f"{experiment}.json.gz", "rt") as f:
+    results = json.loads((tmp_path / experiment / "results.json").read_text())
+    if "--kernels" in args:
+        assert results["settings"]["kernels"] == args[args.index("--kernels") + 1]
+    got = results["records"]
+    golden = GOLDEN_FILES.get(run, experiment)
+    with gzip.open(GOLDEN / f"{golden}.json.gz", "rt") as f:
         want = json.load(f)["records"]
     # Through JSON both ways, so that tuples/lists and ints/floats compare as written.
     got = json.loads(json.dumps(got, default=float))
-    assert got == want, f"{experiment}: {_first_difference(got, want)}"
+    assert got == want, f"{run}: {_first_difference(got, want)}"

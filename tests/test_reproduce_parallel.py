@@ -120,13 +120,16 @@ def test_curvature_local_steps_with_threads_equal_the_serial_steps():
 
 
 @needs_fork
-def test_fewshot_with_the_from_scratch_runs_forked_equals_the_serial_run():
-    cfg = FewShotConfig().quick()
+@pytest.mark.parametrize("kernels", ["torch", "numba"])
+def test_fewshot_with_the_seeds_split_across_processes_equals_the_serial_run(kernels):
+    if kernels == "numba":
+        pytest.importorskip("numba")
+    cfg = dataclasses.replace(FewShotConfig().quick(), kernels=kernels)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        serial = few_shot(dataclasses.replace(cfg, workers=1), 2, "cpu", progress=False)
-        parts = few_shot(dataclasses.replace(cfg, workers=2), 2, "cpu", progress=False)
+        serial = few_shot(dataclasses.replace(cfg, workers=1), 3, "cpu", progress=False)  # 3 seeds: parts of 2 and 1
+        parts = few_shot(dataclasses.replace(cfg, workers=2), 3, "cpu", progress=False)
     finally:
         torch.set_num_threads(before)
     assert serial["records"] == parts["records"]

@@ -44,6 +44,13 @@ import torch
 
 from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_algos.policies.mlp_compiled import (
+    compiled_gradient_applies,
+    compiled_policy_gradient,
+    compiled_rollout,
+    compiled_rollout_applies,
+)
+from fedrl_algos.policies.mlp_compiled import unpack_weights as _unpack
 from fedrl_envs.core import repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -69,17 +76,6 @@ PG_CHUNK_SAMPLES = 2048
 def _check(policy: Any) -> None:
     if not policy.is_softmax_mlp:
         raise ValueError("the closed-form MLP kernels need a discrete MlpPolicy with one tanh hidden layer")
-
-
-def _unpack(policy: MlpPolicy, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``theta [R, d]`` → ``W1 [R, i, h]``, ``b1 [R, h]``, ``W2 [R, h, o]``, ``b2 [R, o]``."""
-    i, h, o = policy.sizes
-    rows = theta.shape[0]
-    w1 = theta[:, : i * h].reshape(rows, i, h)
-    b1 = theta[:, i * h : i * h + h]
-    w2 = theta[:, i * h + h : i * h + h + h * o].reshape(rows, h, o)
-    b2 = theta[:, i * h + h + h * o :]
-    return w1, b1, w2, b2
 
 
 def _pack(gw1: torch.Tensor, gb1: torch.Tensor, gw2: torch.Tensor, gb2: torch.Tensor) -> torch.Tensor:
@@ -153,6 +149,9 @@ def mlp_rollout(
     of at every step: about half the per-step operations, which is what small batches pay for.
     """
     _check(policy)
+    transition = compiled_rollout_applies(policy, family, params, theta)
+    if transition is not None:
+        return compiled_rollout(family, params, policy, theta, streams, n_trajectories, transition, horizon)
     batch = theta.shape[:-1]
     m = check_rollout_batch(theta, streams, n_trajectories)
     rows = math.prod(batch)
@@ -244,6 +243,8 @@ def mlp_policy_gradient(
     :param chunk_samples: samples per tile (default :data:`PG_CHUNK_SAMPLES`)
     """
     _check(policy)
+    if compiled_gradient_applies(policy, theta, traj, weights):
+        return compiled_policy_gradient(policy, theta, traj, weights)
     _, batch, rows, th, m, steps, _, weight, obs, actions = _prepare(policy, theta, traj, weights)
     w1, b1, w2, b2 = _unpack(policy, th)
     w2t = w2.transpose(-1, -2)

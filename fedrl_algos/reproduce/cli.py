@@ -68,7 +68,8 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--objective": ("objective", args.objective),
             # "none" is the config's default (None), so it sets nothing
             "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline),
-            "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None))}
+            "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None)),
+            "--kernels": ("kernels", getattr(args, "kernels", None))}
 
 
 def _attack_list(text: str) -> tuple[str, ...]:
@@ -191,5 +192,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--adaptation-baseline", choices=["none", "loo", "mean"], default=None,
                         help="fewshot: baseline of the adaptation gradient (meta-training's inner step and the held-out step): "
                         "none (the paper's, default), loo (leave-one-out time-dependent mean reward-to-go, unbiased) or mean")
+    parser.add_argument("--kernels", choices=["auto", "torch", "numba"], default=None,
+                        help="fewshot, curvature, rollouts: the arc policy's rollout and gradient kernels on CPU: numba (compiled "
+                        "loops, pip install 'fedrl[fast]'), torch, or auto (default: numba where Numba is installed); the two give "
+                        "statistically the same results, not bitwise the same numbers")
     parser.set_defaults(func=cmd_reproduce)
 

@@ -47,6 +47,7 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
+from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
 from fedrl_algos.policies.mlp_kernels import mlp_rollout
 from fedrl_algos.reproduce.common import (
     Experiment,
@@ -119,10 +120,14 @@ class FastSampler:
         return fast_rollout(self.family, self.params, self.policy, theta, self.streams, n)
 
 
-def arc_policy(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> FastMlpPolicy:
-    """The paper's 2 → 32 tanh → 8 softmax network (d = 360) on the arc family, shared init."""
+def arc_policy(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, kernels: str = "torch") -> FastMlpPolicy:
+    """The paper's 2 → 32 tanh → 8 softmax network (d = 360) on the arc family, shared init.
+
+    :param kernels: the policy's rollout and gradient kernels (``FastMlpPolicy``'s ``kernels``)
+    """
     one = ARC_NAVIGATION.train_tasks[0]
-    policy = FastMlpPolicy(ARC_NAVIGATION.observation_space(one), ARC_NAVIGATION.action_space(one), dtype=dtype)
+    policy = FastMlpPolicy(ARC_NAVIGATION.observation_space(one), ARC_NAVIGATION.action_space(one), dtype=dtype,
+                           kernels=kernels)
     return policy.to(device)
 
 
@@ -199,6 +204,10 @@ class MetaTrainingConfig(FederatedTrainingConfig):
     """α, step size of the adaptation step (training and evaluation)"""
     cpu_threads: int = CPU_THREADS
     """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
+    kernels: str = "auto"
+    """the arc policy's kernels: ``"numba"`` (compiled rollouts and policy gradients on the CPU,
+    :mod:`fedrl_algos.policies.mlp_compiled`), ``"torch"``, or ``"auto"`` (``"numba"`` on a CPU with
+    Numba installed); the two give statistically the same results, not bitwise the same numbers"""
     workers: int = DEFAULT_WORKERS
     """parts of the program run at once on CPU (:mod:`fedrl_algos.reproduce.parallel`): curvature's
     Hessian batches beside the first-order estimate, fewshot's from-scratch runs beside the
@@ -206,6 +215,7 @@ class MetaTrainingConfig(FederatedTrainingConfig):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_kernels(self.kernels)
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -446,7 +456,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
 
     def _run(self, cfg: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         n_seeds = int(seeds)
-        policy = arc_policy(device)
+        policy = arc_policy(device, kernels=resolve_kernels(cfg.kernels, device))
         # one setting per (estimator, m_h), estimator-major, then the first-order reference
         pairs: list[tuple[str | None, int | None]] = [(e, m_h) for e in cfg.estimators for m_h in cfg.m_hs]
         pairs.append((None, None))
@@ -514,7 +524,8 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                 "causality-respecting surrogate with a leave-one-out per-step baseline (unbiased); lvc = ProMP's "
                 "low-variance curvature (biased). The paper column is the paper's (eq. (3)) median at that m_h for every "
                 "estimator. Settings with the same seed share all random streams, Hessian batches included.")
-        settings_out = {"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6}
+        settings_out = {"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6,
+                        "kernels": resolve_kernels(cfg.kernels, device)}
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
@@ -704,7 +715,8 @@ class FewShotExperiment(Experiment[FewShotConfig]):
             result = few_shot(config, n_seeds, device, progress)
         return ExperimentOutput(
             records=result["records"], table=self._table(result["records"], config), notes=result["notes"],
-            settings={"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "heldout_goals": 3},
+            settings={"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "heldout_goals": 3,
+                      "kernels": resolve_kernels(config.kernels, device)},
         )
 
     @staticmethod
@@ -842,31 +854,17 @@ def _train_from_scratch(cfg: FewShotConfig, policy, seeds: torch.Tensor, init: t
     return snapshots
 
 
-def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> dict[str, Any]:
-    """Meta-train, adapt, train from scratch and evaluate on the held-out goals (all batched)."""
+def _few_shot_part(cfg: FewShotConfig, policy, seeds: torch.Tensor, progress: bool) -> tuple[torch.Tensor, ...]:
+    """Everything of ``fewshot`` for some of the seeds: returns and success rates
+    ``[n_m + n_steps + 2, R, goals]`` of every evaluated row, and the meta-initializations ``[R, d]``."""
     family = ARC_NAVIGATION
-    policy = arc_policy(device)
-    seeds = torch.arange(n_seeds)
     heldout = family.heldout_tasks
-    n_goals = len(heldout)
-    steps = list(cfg.scratch_steps)
+    n_seeds, n_goals = int(seeds.numel()), len(heldout)
     init = fresh_initializations(policy, seeds)  # [R, d]
-    parallel = cfg.workers > 1 and can_fork(device)
-
-    def meta_init() -> tuple[torch.Tensor, torch.Tensor]:
-        theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training", cfg.objective,
-                                            cfg.adaptation_baseline)  # [R, d]
-        return theta_meta, _adapt_meta_init(cfg, policy, seeds, theta_meta)
-
-    def from_scratch() -> list[torch.Tensor]:
-        # a forked part shows no progress bar of its own (it would interleave with the parent's)
-        return _train_from_scratch(cfg, policy, seeds, init, progress and not parallel)
-
-    # The from-scratch runs do not depend on the meta-training: with workers > 1 they run beside it
-    # (run_forked), each part exactly as in the serial program.
-    (theta_meta, theta_m), snapshots = run_forked([meta_init, from_scratch], cfg.workers, device)
-    m_adapt = list(cfg.m_adapt)
-    n_m = len(m_adapt)
+    theta_meta = meta_train_first_order(policy, seeds, cfg, progress, "fewshot: meta-training", cfg.objective,
+                                        cfg.adaptation_baseline)  # [R, d]
+    theta_m = _adapt_meta_init(cfg, policy, seeds, theta_meta)
+    snapshots = _train_from_scratch(cfg, policy, seeds, init, progress)
     # --- evaluate everything in one batch: [n_m + n_steps + 1 (random) + 1 (uniform), R, goals] -
     uniform = torch.zeros_like(init)
     all_theta = torch.cat([
@@ -881,6 +879,33 @@ def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> d
     params_e = params_to(_row_params(heldout, n_rows * n_seeds), policy.theta.device)
     ret, succ = evaluate_rows(family, params_e, policy, all_theta, RandomStreams(eval_keys, policy.theta.device),
                               cfg.eval_trajectories)
+    return ret, succ, theta_meta
+
+
+def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> dict[str, Any]:
+    """Meta-train, adapt, train from scratch and evaluate on the held-out goals (all batched).
+
+    Every seed's computation is its own rows of the batch (its own random streams; the kernels
+    compute a row alone), so with ``workers > 1`` the seeds are split into that many groups run
+    at the same time (:func:`~fedrl_algos.reproduce.parallel.run_forked`), each the whole program
+    for its seeds; the records are those of one batch of all seeds (``tests/test_reproduce_parallel.py``).
+    """
+    family = ARC_NAVIGATION
+    policy = arc_policy(device, kernels=resolve_kernels(cfg.kernels, device))
+    seeds = torch.arange(n_seeds)
+    heldout = family.heldout_tasks
+    n_goals = len(heldout)
+    steps = list(cfg.scratch_steps)
+    workers = cfg.workers if can_fork(device) else 1
+    groups = [g for g in seeds.tensor_split(min(workers, n_seeds)) if g.numel()]
+    # only the first part (this process) shows progress bars: a forked part's would interleave with them
+    parts = run_forked([functools.partial(_few_shot_part, cfg, policy, group, progress and k == 0)
+                        for k, group in enumerate(groups)], workers, device)
+    ret = torch.cat([part[0] for part in parts], dim=1)
+    succ = torch.cat([part[1] for part in parts], dim=1)
+    theta_meta = torch.cat([part[2] for part in parts])
+    m_adapt = list(cfg.m_adapt)
+    n_m = len(m_adapt)
     records: list[dict[str, Any]] = []
 
     def add(method: str, row: int, **setting: Any) -> None:
@@ -954,7 +979,7 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
     def _run(self, cfg: RolloutsConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         n_seeds = int(seeds)
         family = ARC_NAVIGATION
-        policy = arc_policy(device)
+        policy = arc_policy(device, kernels=resolve_kernels(cfg.kernels, device))
         dev = policy.theta.device
         seed_t = torch.arange(n_seeds)
         theta_meta = meta_train_first_order(policy, seed_t, cfg, progress, "rollouts: meta-training")
@@ -1006,7 +1031,8 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
             f"Table: all seeds, {cfg.eval_trajectories} evaluation rollouts per (seed, goal).",
         ]
         return ExperimentOutput(records=records, table=table, notes=notes,
-                                settings={"seeds": n_seeds, "gamma": GAMMA, "drawn_seed": 0})
+                                settings={"seeds": n_seeds, "gamma": GAMMA, "drawn_seed": 0,
+                                          "kernels": resolve_kernels(cfg.kernels, device)})
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         drawn = [r for r in output.records if "drawn" in r]
