@@ -230,23 +230,57 @@ def test_the_arc_transition_is_compiled_once():
 
 
 @pytest.mark.parametrize("shape", [(3, 32, 8, 10), (2, 7, 3, 5), (4, 5, 1, 17), (1, 1, 2, 3), (2, 33, 9, 210)])
-def test_compiled_logits_are_the_sequential_sums(shape):
-    """The paired, unrolled loop computes each logit as the plain definition: Σ_j in order, bias last, max subtracted."""
+def test_compiled_layers_are_the_sequential_sums_with_row_or_per_env_weights(shape):
+    """Both loop variants compute every pre-activation and logit as the plain definition: terms in
+    order, bias last (logits: less their maximum), so rollouts give the same bits whichever runs."""
     rows, n_hidden, n_out, m = shape
+    n_in = 3
     rng = np.random.default_rng(0)
+    a1 = rng.standard_normal((rows, n_in, n_hidden)).astype(np.float32)
+    a1b = rng.standard_normal((rows, n_hidden)).astype(np.float32)
     a2 = rng.standard_normal((rows, n_hidden, n_out)).astype(np.float32)
-    bias = rng.standard_normal((rows, n_out)).astype(np.float32)
-    sig = rng.random((rows, n_hidden, m)).astype(np.float32)
-    out = np.empty((rows, n_out, m), np.float32)
-    mlp_compiled._loops(None).centred_logits(a2, bias, sig, out)
-    want = np.empty_like(out)
+    a2b = rng.standard_normal((rows, n_out)).astype(np.float32)
+    x = rng.standard_normal((n_in, rows * m)).astype(np.float32)
+    sig = rng.random((n_hidden, rows * m)).astype(np.float32)
+    want_z = np.empty((n_hidden, rows * m), np.float32)
+    want_l = np.empty((n_out, rows * m), np.float32)
     for r in range(rows):
+        cols = slice(r * m, (r + 1) * m)
+        for j in range(n_hidden):
+            acc = a1[r, 0, j] * x[0, cols]
+            for k in range(1, n_in):
+                acc = acc + a1[r, k, j] * x[k, cols]  # float32 arrays: one rounding per operation
+            want_z[j, cols] = acc + a1b[r, j]
         for q in range(n_out):
-            acc = a2[r, 0, q] * sig[r, 0]
+            acc = a2[r, 0, q] * sig[0, cols]
             for j in range(1, n_hidden):
-                acc = acc + a2[r, j, q] * sig[r, j]  # float32 arrays: one rounding per operation
-            want[r, q] = acc + bias[r, q]
-    assert np.array_equal(out, want - want.max(axis=1, keepdims=True))
+                acc = acc + a2[r, j, q] * sig[j, cols]
+            want_l[q, cols] = acc + a2b[r, q]
+    want_l -= want_l.max(axis=0, keepdims=True)
+    loops = mlp_compiled._loops(None)
+    z, logits = np.empty_like(want_z), np.empty_like(want_l)
+    loops.hidden_inputs(a1, a1b, x, m, z)
+    loops.centred_logits(a2, a2b, sig, m, logits)
+    assert np.array_equal(z, want_z) and np.array_equal(logits, want_l)
+    e1, e1b = np.empty((n_in, n_hidden, rows * m), np.float32), np.empty((n_hidden, rows * m), np.float32)
+    e2, e2b = np.empty((n_hidden, n_out, rows * m), np.float32), np.empty((n_out, rows * m), np.float32)
+    loops.per_env_weights(a1, a1b, a2, a2b, m, e1, e1b, e2, e2b)
+    loops.hidden_inputs_per_env(e1, e1b, x, z)
+    loops.centred_logits_per_env(e2, e2b, sig, logits)
+    assert np.array_equal(z, want_z) and np.array_equal(logits, want_l)
+
+
+def test_rollouts_with_few_or_many_trajectories_a_row_take_either_loop_variant_with_the_same_bits(monkeypatch):
+    policy = _policy()
+    theta = _thetas(policy, 5, scale=0.5, seed=8)
+    params = _params(5)
+    default = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)  # per-environment weights, one block
+    monkeypatch.setattr(mlp_compiled, "ENV_BLOCK", 25)  # blocks of 2 rows
+    blocked = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    monkeypatch.setattr(mlp_compiled, "PER_ENV_WEIGHTS_BELOW", 1)  # the rows' own weights over their segments
+    per_row = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    for a, b, c in zip(default, blocked, per_row, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_compiled_policy_gradient_of_a_network_with_four_inputs_matches_autograd():

@@ -57,6 +57,11 @@ KERNELS = ("torch", "numba", "auto")
 #: samples (rows × trajectories × steps) of one tile of the policy gradient: the ``[rows, n, 32]``
 #: hidden activations stay around a few megabytes
 GRADIENT_CHUNK_SAMPLES = 32768
+#: rollouts with fewer trajectories a row than this give every environment its row's weights (one
+#: long loop over all environments instead of a short one per row)
+PER_ENV_WEIGHTS_BELOW = 64
+#: environments of one block of such a rollout: their weight copies (360 floats each) stay in cache
+ENV_BLOCK = 1024
 
 
 def check_kernels(kernels: Any) -> str:
@@ -131,31 +136,52 @@ def compiled_rollout(
     if horizon is None:
         horizon = family.horizon(params)
     steps = horizon + 1
+    n_envs = rows * m
     noise = streams.uniform((m, family.reset_noise_dim))
-    uniforms = streams.uniform((steps, m), dtype=theta.dtype).reshape(rows, steps, m).numpy()
-    start = family.reset(repeat_params(params, m), noise.reshape(rows * m, -1))
-    state = start.to(torch.float32).reshape(rows * m, -1).numpy().copy()  # an own, writable, contiguous copy
+    # [rows, steps, m] as drawn; environment-major [rows·m, steps] for the loops
+    uniforms = streams.uniform((steps, m), dtype=theta.dtype).reshape(rows, steps, m).transpose(1, 2)
+    uniforms = uniforms.reshape(n_envs, steps).contiguous().numpy()
+    start = family.reset(repeat_params(params, m), noise.reshape(n_envs, -1))
+    state = start.to(torch.float32).reshape(n_envs, -1).numpy().copy()  # an own, writable, contiguous copy
     a1, a1b, a2, a2b = _weights(policy, theta.reshape(rows, -1))[:4]
     n_in, n_hidden, n_out = a1.shape[1], a2.shape[1], a2.shape[2]
     if state.shape[1] != n_in:
         raise ValueError(f"observations must have {n_in} features (the policy's input), got {state.shape[1]}")
-    obs = np.empty((rows, m, steps, n_in), np.float32)
-    actions = np.empty((rows, m, steps), np.int64)
-    rewards = np.empty((rows, m, steps), np.float32)
-    terminated = np.empty((rows, m, steps), np.bool_)
-    # feature-major ([rows, features, m]) intermediates: the loops vectorize along the m environments of a row
-    inputs = np.ascontiguousarray(state.reshape(rows, m, n_in).transpose(0, 2, 1))
-    hidden = np.empty((rows, n_hidden, m), np.float32)
-    exps = np.empty((rows, n_out, m), np.float32)
-    hidden_t, exps_t = torch.from_numpy(hidden), torch.from_numpy(exps)
+    obs = np.empty((n_envs, steps, n_in), np.float32)
+    actions = np.empty((n_envs, steps), np.int64)
+    rewards = np.empty((n_envs, steps), np.float32)
+    terminated = np.empty((n_envs, steps), np.bool_)
     step_fn, data = transition
     loops = _loops(step_fn)
-    for t in range(steps):
-        loops.hidden_inputs(a1, a1b, inputs, hidden)
-        hidden_t.sigmoid_()
-        loops.centred_logits(a2, a2b, hidden, exps)
-        exps_t.exp_()
-        loops.act_and_step(exps, uniforms, t, state, data, inputs, obs, actions, rewards, terminated)
+    # Few environments a row: every environment gets its row's weights (one long loop over all of
+    # them), in blocks that keep those copies cache-sized; many: the row's weights over its segment.
+    per_env = m < PER_ENV_WEIGHTS_BELOW
+    block = max(1, ENV_BLOCK // m) if per_env else rows
+    for r0 in range(0, rows, block):
+        r1 = min(rows, r0 + block)
+        envs = slice(r0 * m, r1 * m)
+        nb = (r1 - r0) * m
+        inputs = np.ascontiguousarray(state[envs].T)  # [i, nb]: feature-major, the loops run along environments
+        hidden, exps = np.empty((n_hidden, nb), np.float32), np.empty((n_out, nb), np.float32)
+        hidden_t, exps_t = torch.from_numpy(hidden), torch.from_numpy(exps)
+        if per_env:
+            e1, e1b = np.empty((n_in, n_hidden, nb), np.float32), np.empty((n_hidden, nb), np.float32)
+            e2, e2b = np.empty((n_hidden, n_out, nb), np.float32), np.empty((n_out, nb), np.float32)
+            loops.per_env_weights(a1[r0:r1], a1b[r0:r1], a2[r0:r1], a2b[r0:r1], m, e1, e1b, e2, e2b)
+        block_state, block_u = state[envs], uniforms[envs]
+        block_out = (obs[envs], actions[envs], rewards[envs], terminated[envs])
+        for t in range(steps):
+            if per_env:
+                loops.hidden_inputs_per_env(e1, e1b, inputs, hidden)
+            else:
+                loops.hidden_inputs(a1[r0:r1], a1b[r0:r1], inputs, m, hidden)
+            hidden_t.sigmoid_()
+            if per_env:
+                loops.centred_logits_per_env(e2, e2b, hidden, exps)
+            else:
+                loops.centred_logits(a2[r0:r1], a2b[r0:r1], hidden, m, exps)
+            exps_t.exp_()
+            loops.act_and_step(exps, block_u, t, block_state, data, r0, m, inputs, *block_out)
     return Trajectories.from_steps(
         torch.from_numpy(obs).reshape(*batch, m, steps, n_in),
         torch.from_numpy(actions).reshape(*batch, m, steps),
@@ -197,9 +223,9 @@ def compiled_policy_gradient(
     th = theta.reshape(rows, d)
     a1, a1b, a2, _, w2, b2, w2t = _weights(policy, th)
     n_in, n_hidden, n_out = a1.shape[1], a2.shape[1], a2.shape[2]
-    inputs = traj.obs.to(torch.float32).reshape(rows, n, n_in).transpose(1, 2).contiguous().numpy()  # [R, i, n]
-    acts = traj.actions.to(torch.int64).reshape(rows, n).contiguous().numpy()
-    weight = weights.expand(*batch, m, steps).reshape(rows, n).contiguous().numpy()
+    inputs = traj.obs.to(torch.float32).reshape(rows, n, n_in).numpy()
+    acts = traj.actions.to(torch.int64).reshape(rows, n).numpy()
+    weight = weights.expand(*batch, m, steps).reshape(rows, n).numpy()
     loops = _loops(None)
     # float64 sums in the loops' layout: ∇W1 [i, h], ∇b1 [h], ∇W2ᵀ [o, h], ∇b2 [o] (contiguous along h)
     total = np.zeros((rows, d), np.float64)
@@ -212,17 +238,20 @@ def compiled_policy_gradient(
         for n0 in range(0, n, samples):
             nn = min(samples, n - n0)
             ns = slice(n0, n0 + nn)
-            x = np.ascontiguousarray(inputs[rs, :, ns])
-            sig, hid = np.empty((nr, n_hidden, nn), np.float32), np.empty((nr, n_hidden, nn), np.float32)
-            exps = np.empty((nr, n_out, nn), np.float32)
-            loops.hidden_inputs(a1[rs], a1b[rs], x, sig)
+            # sample-major tiles: row r's nn samples are columns [r·nn, (r + 1)·nn) of every feature
+            x = np.ascontiguousarray(inputs[rs, ns].reshape(nr * nn, n_in).T)
+            tile_actions = np.ascontiguousarray(acts[rs, ns]).reshape(-1)
+            tile_weights = np.ascontiguousarray(weight[rs, ns]).reshape(-1)
+            sig, hid = np.empty((n_hidden, nr * nn), np.float32), np.empty((n_hidden, nr * nn), np.float32)
+            exps = np.empty((n_out, nr * nn), np.float32)
+            loops.hidden_inputs(a1[rs], a1b[rs], x, nn, sig)
             torch.from_numpy(sig).sigmoid_()
             # the logits from h = 2σ − 1 and W2, as torch's kernel computes them: without the σ form's
             # offset b2 − W2ᵀ1, whose rounding error scales with |W2|, not with |W2ᵀh|
             loops.tanh_of_sigmoid(sig, hid)
-            loops.centred_logits(w2[rs], b2[rs], hid, exps)
+            loops.centred_logits(w2[rs], b2[rs], hid, nn, exps)
             torch.from_numpy(exps).exp_()
-            loops.backprop(exps, sig, hid, x, acts[rs, ns], weight[rs, ns], w2t[rs], steps, total[rs])
+            loops.backprop(exps, sig, hid, x, tile_actions, tile_weights, w2t[rs], nn, steps, total[rs])
     grad = torch.from_numpy((total / m).astype(np.float32))
     # back to θ's layout: W1 and b1 as they are, W2 from its transpose, b2
     w2_at = n_in * n_hidden + n_hidden
@@ -236,127 +265,197 @@ def compiled_policy_gradient(
 # --------------------------------------------------------------------------------------------
 
 
-def _hidden_inputs(a1, a1b, x, out):
-    """``out[r, j, n] = Σ_k a1[r, k, j] x[r, k, n] + a1b[r, j]`` (feature-major), the terms summed in
-    order and the bias added last: torch's order for two inputs."""
+def _hidden_inputs(a1, a1b, x, seg, out):
+    """``out[j, c] = Σ_k a1[r, k, j] x[k, c] + a1b[r, j]`` for the columns ``c`` of row ``r``'s segment
+    ``[r·seg, (r + 1)·seg)`` (feature-major ``[features, columns]``): the terms summed in order, the
+    bias added last (torch's order for two inputs)."""
     rows, n_in, n_hidden = a1.shape
-    m = x.shape[2]
     for r in range(rows):
-        x0 = x[r, 0]
+        lo, hi = r * seg, (r + 1) * seg
+        x0 = x[0, lo:hi]
         for j in range(n_hidden):
-            row = out[r, j]
+            row = out[j, lo:hi]
             w0 = a1[r, 0, j]
             b = a1b[r, j]
             if n_in == 2:  # the arc policy's inputs: one pass
                 w1 = a1[r, 1, j]
-                x1 = x[r, 1]
-                for n in range(m):
-                    row[n] = (w0 * x0[n] + w1 * x1[n]) + b
+                x1 = x[1, lo:hi]
+                for c in range(seg):
+                    row[c] = (w0 * x0[c] + w1 * x1[c]) + b
                 continue
-            for n in range(m):
-                row[n] = w0 * x0[n]
+            for c in range(seg):
+                row[c] = w0 * x0[c]
             for k in range(1, n_in):
                 w = a1[r, k, j]
-                xk = x[r, k]
-                for n in range(m):
-                    row[n] += w * xk[n]
-            for n in range(m):
-                row[n] += b
+                xk = x[k, lo:hi]
+                for c in range(seg):
+                    row[c] += w * xk[c]
+            for c in range(seg):
+                row[c] += b
 
 
-def _centred_logits(a2, a2b, sig, out):
-    """``out[r, :, n] = a2[r]ᵀ sig[r, :, n] + a2b[r]`` less its maximum over the outputs (feature-major).
+def _centred_logits(a2, a2b, sig, seg, out):
+    """``out[:, c] = a2[r]ᵀ sig[:, c] + a2b[r]`` less its maximum over the outputs, for the columns of
+    row ``r``'s segment (feature-major).
 
     Each output sums the hidden units in order and adds the bias last. Two outputs and four hidden
-    units share a pass over the samples (the same order of operations for every element; fewer,
-    longer loops vectorize better at the few samples of a rollout step).
+    units share a pass over the segment (the same operations for every element, fewer loops).
     """
     rows, n_hidden, n_out = a2.shape
-    m = sig.shape[2]
-    top = np.empty(m, np.float32)
+    top = np.empty(seg, np.float32)
     for r in range(rows):
+        lo, hi = r * seg, (r + 1) * seg
         q = 0
         while q < n_out:
             pair = q + 1 < n_out
             qb = q + 1 if pair else q
-            ra, rb = out[r, q], out[r, qb]
-            s0 = sig[r, 0]
+            ra, rb = out[q, lo:hi], out[qb, lo:hi]
+            s0 = sig[0, lo:hi]
             wa, wb = a2[r, 0, q], a2[r, 0, qb]
-            for n in range(m):
-                ra[n] = wa * s0[n]
-                rb[n] = wb * s0[n]  # the same row again when unpaired: written, never accumulated twice
+            for c in range(seg):
+                ra[c] = wa * s0[c]
+                rb[c] = wb * s0[c]  # the same row again when unpaired: written, never accumulated twice
             j = 1
             while j + 4 <= n_hidden:
-                s0, s1, s2, s3 = sig[r, j], sig[r, j + 1], sig[r, j + 2], sig[r, j + 3]
+                s0, s1, s2, s3 = sig[j, lo:hi], sig[j + 1, lo:hi], sig[j + 2, lo:hi], sig[j + 3, lo:hi]
                 a0, a1, a2_, a3 = a2[r, j, q], a2[r, j + 1, q], a2[r, j + 2, q], a2[r, j + 3, q]
                 b0, b1, b2, b3 = a2[r, j, qb], a2[r, j + 1, qb], a2[r, j + 2, qb], a2[r, j + 3, qb]
                 if pair:
-                    for n in range(m):
-                        ra[n] = (((ra[n] + a0 * s0[n]) + a1 * s1[n]) + a2_ * s2[n]) + a3 * s3[n]
-                        rb[n] = (((rb[n] + b0 * s0[n]) + b1 * s1[n]) + b2 * s2[n]) + b3 * s3[n]
+                    for c in range(seg):
+                        ra[c] = (((ra[c] + a0 * s0[c]) + a1 * s1[c]) + a2_ * s2[c]) + a3 * s3[c]
+                        rb[c] = (((rb[c] + b0 * s0[c]) + b1 * s1[c]) + b2 * s2[c]) + b3 * s3[c]
                 else:
-                    for n in range(m):
-                        ra[n] = (((ra[n] + a0 * s0[n]) + a1 * s1[n]) + a2_ * s2[n]) + a3 * s3[n]
+                    for c in range(seg):
+                        ra[c] = (((ra[c] + a0 * s0[c]) + a1 * s1[c]) + a2_ * s2[c]) + a3 * s3[c]
                 j += 4
             while j < n_hidden:
-                s0 = sig[r, j]
+                s0 = sig[j, lo:hi]
                 a0, b0 = a2[r, j, q], a2[r, j, qb]
                 if pair:
-                    for n in range(m):
-                        ra[n] += a0 * s0[n]
-                        rb[n] += b0 * s0[n]
+                    for c in range(seg):
+                        ra[c] += a0 * s0[c]
+                        rb[c] += b0 * s0[c]
                 else:
-                    for n in range(m):
-                        ra[n] += a0 * s0[n]
+                    for c in range(seg):
+                        ra[c] += a0 * s0[c]
                 j += 1
             q += 2
         for q in range(n_out):
-            row = out[r, q]
+            row = out[q, lo:hi]
             b = a2b[r, q]
-            if q == 0:
-                for n in range(m):
-                    row[n] += b
-                    top[n] = row[n]
-            else:
-                for n in range(m):
-                    row[n] += b
-                    top[n] = max(top[n], row[n])
+            for c in range(seg):
+                row[c] += b
+                top[c] = row[c] if q == 0 else max(top[c], row[c])
         for q in range(n_out):
-            row = out[r, q]
-            for n in range(m):
-                row[n] -= top[n]
+            row = out[q, lo:hi]
+            for c in range(seg):
+                row[c] -= top[c]
 
 
-def _act_and_step(exps, uniforms, t, state, data, inputs, obs, actions, rewards, terminated):
-    """Time step ``t`` of every environment ``i = r·m + s``: draw, step, record, next inputs.
+def _per_env_weights(a1, a1b, a2, a2b, m, e1, e1b, e2, e2b):
+    """Every environment's copy of its row's weights: ``e1[k, j, c] = a1[c // m, k, j]`` and so on, so
+    that :func:`_hidden_inputs_per_env` and :func:`_centred_logits_per_env` run one loop over all
+    columns (environments) whatever their row."""
+    rows, n_in, n_hidden = a1.shape
+    n_out = a2.shape[2]
+    for r in range(rows):
+        lo, hi = r * m, (r + 1) * m
+        for j in range(n_hidden):
+            for k in range(n_in):
+                e1[k, j, lo:hi] = a1[r, k, j]
+            e1b[j, lo:hi] = a1b[r, j]
+            for q in range(n_out):
+                e2[j, q, lo:hi] = a2[r, j, q]
+        for q in range(n_out):
+            e2b[q, lo:hi] = a2b[r, q]
 
-    The action is the number of entries of the unnormalized CDF (cumulative sums of ``exps``,
+
+def _hidden_inputs_per_env(e1, e1b, x, out):
+    """:func:`_hidden_inputs` with per-column weights: the same operations in the same order."""
+    n_in, n_hidden, n = e1.shape
+    x0 = x[0]
+    for j in range(n_hidden):
+        row = out[j]
+        w0 = e1[0, j]
+        b = e1b[j]
+        if n_in == 2:
+            w1 = e1[1, j]
+            x1 = x[1]
+            for c in range(n):
+                row[c] = (w0[c] * x0[c] + w1[c] * x1[c]) + b[c]
+            continue
+        for c in range(n):
+            row[c] = w0[c] * x0[c]
+        for k in range(1, n_in):
+            w = e1[k, j]
+            xk = x[k]
+            for c in range(n):
+                row[c] += w[c] * xk[c]
+        for c in range(n):
+            row[c] += b[c]
+
+
+def _centred_logits_per_env(e2, e2b, sig, out):
+    """:func:`_centred_logits` with per-column weights: the same operations in the same order."""
+    n_hidden, n_out, n = e2.shape
+    top = np.empty(n, np.float32)
+    for q in range(n_out):
+        row = out[q]
+        w0 = e2[0, q]
+        s0 = sig[0]
+        for c in range(n):
+            row[c] = w0[c] * s0[c]
+        j = 1
+        while j + 4 <= n_hidden:
+            wa, wb, wc, wd = e2[j, q], e2[j + 1, q], e2[j + 2, q], e2[j + 3, q]
+            sa, sb, sc, sd = sig[j], sig[j + 1], sig[j + 2], sig[j + 3]
+            for c in range(n):
+                row[c] = (((row[c] + wa[c] * sa[c]) + wb[c] * sb[c]) + wc[c] * sc[c]) + wd[c] * sd[c]
+            j += 4
+        while j < n_hidden:
+            wa, sa = e2[j, q], sig[j]
+            for c in range(n):
+                row[c] += wa[c] * sa[c]
+            j += 1
+        b = e2b[q]
+        for c in range(n):
+            row[c] += b[c]
+            top[c] = row[c] if q == 0 else max(top[c], row[c])
+    for q in range(n_out):
+        row = out[q]
+        for c in range(n):
+            row[c] -= top[c]
+
+
+def _act_and_step(exps, uniforms, t, state, data, r0, m, inputs, obs, actions, rewards, terminated):
+    """Time step ``t`` of every environment ``c`` (of batch row ``r0 + c // m``): draw, step, record,
+    next inputs.
+
+    The action is the number of entries of the unnormalized CDF (cumulative sums of ``exps[:, c]``,
     accumulated in float64 and rounded to float32 as torch's ``cumsum`` does) below ``u·CDF[-1]``,
     at most the last action: :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`'s rule.
     """
-    rows, n_out, m = exps.shape
-    n_in = inputs.shape[1]
+    n_out, n = exps.shape
+    n_in = inputs.shape[0]
     cdf = np.empty(n_out, np.float32)
-    for r in range(rows):
-        for s in range(m):
-            i = r * m + s
-            acc = 0.0
-            for q in range(n_out):
-                acc += np.float64(exps[r, q, s])
-                cdf[q] = np.float32(acc)
-            threshold = cdf[n_out - 1] * uniforms[r, t, s]
-            action = 0
-            for q in range(n_out):
-                action += cdf[q] < threshold
-            action = min(action, n_out - 1)
-            for k in range(n_in):
-                obs[r, s, t, k] = state[i, k]
-            reward, ended = transition(state, i, action, r, data)  # noqa: F821 (bound by _loops)
-            actions[r, s, t] = action
-            rewards[r, s, t] = reward
-            terminated[r, s, t] = ended
-            for k in range(n_in):
-                inputs[r, k, s] = state[i, k]
+    for c in range(n):
+        acc = 0.0
+        for q in range(n_out):
+            acc += np.float64(exps[q, c])
+            cdf[q] = np.float32(acc)
+        threshold = cdf[n_out - 1] * uniforms[c, t]
+        action = 0
+        for q in range(n_out):
+            action += cdf[q] < threshold
+        action = min(action, n_out - 1)
+        for k in range(n_in):
+            obs[c, t, k] = state[c, k]
+        reward, ended = transition(state, c, action, r0 + c // m, data)  # noqa: F821 (bound by _loops)
+        actions[c, t] = action
+        rewards[c, t] = reward
+        terminated[c, t] = ended
+        for k in range(n_in):
+            inputs[k, c] = state[c, k]
 
 
 def _tanh_of_sigmoid(sig, out):
@@ -366,18 +465,19 @@ def _tanh_of_sigmoid(sig, out):
         flat_out[k] = np.float32(2.0) * flat_in[k] - np.float32(1.0)
 
 
-def _backprop(exps, sig, hidden, x, actions, weights, w2t, steps, total):
+def _backprop(exps, sig, hidden, x, actions, weights, w2t, seg, steps, total):
     """Add every sample's ``ψ ∇log π(a|x)`` to its row of ``total`` (float64 ``[R, d]`` in the layout
-    ``∇W1 [i, h], ∇b1 [h], ∇W2ᵀ [o, h], ∇b2 [o]``): each trajectory's ``steps`` samples summed in
-    float32 in their order, the trajectory's sum then added in float64.
+    ``∇W1 [i, h], ∇b1 [h], ∇W2ᵀ [o, h], ∇b2 [o]``); row ``r``'s samples are the columns
+    ``[r·seg, (r + 1)·seg)``, each trajectory's ``steps`` samples summed in float32 in their order,
+    the trajectory's sum then added in float64.
 
     With ``s = σ(2z)`` and ``h = tanh z = 2s − 1`` (``hidden``): ``1 − h² = 4s(1 − s)``,
     ``p = exps / Σ exps``, ``δ = e_a − p``; ``∇b2 = ψδ``, ``∇W2ᵀ = ψδ hᵀ``,
     ``∇b1 = (1 − h²) ⊙ W2 ψδ``, ``∇W1 = x ∇b1ᵀ``. Samples with ``ψ = 0`` contribute nothing and are skipped.
     """
-    rows, n_out, n = exps.shape
-    n_in, n_hidden = x.shape[1], sig.shape[1]
-    d = total.shape[1]
+    n_out = exps.shape[0]
+    n_in, n_hidden = x.shape[0], sig.shape[0]
+    rows, d = total.shape
     b1_at = n_in * n_hidden
     w2_at = b1_at + n_hidden
     b2_at = w2_at + n_hidden * n_out
@@ -387,21 +487,21 @@ def _backprop(exps, sig, hidden, x, actions, weights, w2t, steps, total):
     zsig = np.empty(n_hidden, np.float32)
     for r in range(rows):
         acc = total[r]
-        for start in range(0, n, steps):
+        for start in range(r * seg, (r + 1) * seg, steps):
             added = False
-            for k in range(start, min(start + steps, n)):
-                w = weights[r, k]
+            for k in range(start, min(start + steps, (r + 1) * seg)):
+                w = weights[k]
                 if w == 0.0:
                     continue
                 added = True
                 norm = np.float32(0.0)
                 for q in range(n_out):
-                    norm += exps[r, q, k]
-                a = actions[r, k]
+                    norm += exps[q, k]
+                a = actions[k]
                 for q in range(n_out):
-                    out[q] = (np.float32(q == a) - exps[r, q, k] / norm) * w
+                    out[q] = (np.float32(q == a) - exps[q, k] / norm) * w
                 for j in range(n_hidden):
-                    hid[j] = hidden[r, j, k]
+                    hid[j] = hidden[j, k]
                     zsig[j] = np.float32(0.0)
                 for q in range(n_out):
                     oq = out[q]
@@ -409,13 +509,13 @@ def _backprop(exps, sig, hidden, x, actions, weights, w2t, steps, total):
                     for j in range(n_hidden):
                         zsig[j] += wq[j] * oq
                 for j in range(n_hidden):
-                    s = sig[r, j, k]
+                    s = sig[j, k]
                     zsig[j] *= np.float32(4.0) * s * (np.float32(1.0) - s)
                 gb1 = part[b1_at : b1_at + n_hidden]
                 for j in range(n_hidden):
                     gb1[j] += zsig[j]
                 for q in range(n_in):
-                    xq = x[r, q, k]
+                    xq = x[q, k]
                     gw1 = part[q * n_hidden : (q + 1) * n_hidden]
                     for j in range(n_hidden):
                         gw1[j] += xq * zsig[j]
@@ -441,6 +541,9 @@ class _Loops:
         self.centred_logits = _compiled(_centred_logits)
         self.backprop = _compiled(_backprop)
         self.tanh_of_sigmoid = _compiled(_tanh_of_sigmoid)
+        self.per_env_weights = _compiled(_per_env_weights)
+        self.hidden_inputs_per_env = _compiled(_hidden_inputs_per_env)
+        self.centred_logits_per_env = _compiled(_centred_logits_per_env)
         if transition is not None:
             self.act_and_step = compile_loop(_act_and_step, {"transition": transition},
                                              (transition.py_func,))
