@@ -170,16 +170,19 @@ def compiled_rollout(
             loops.per_env_weights(a1[r0:r1], a1b[r0:r1], a2[r0:r1], a2b[r0:r1], m, e1, e1b, e2, e2b)
         block_state, block_u = state[envs], uniforms[envs]
         block_out = (obs[envs], actions[envs], rewards[envs], terminated[envs])
-        for t in range(steps):
-            if per_env:
-                loops.hidden_inputs_per_env(e1, e1b, inputs, hidden)
-            else:
-                loops.hidden_inputs(a1[r0:r1], a1b[r0:r1], inputs, m, hidden)
-            hidden_t.sigmoid_()
-            if per_env:
+        if per_env:
+            loops.hidden_inputs_per_env(e1, e1b, inputs, hidden)
+            for t in range(steps):
+                hidden_t.sigmoid_()
                 loops.centred_logits_per_env(e2, e2b, hidden, exps)
-            else:
-                loops.centred_logits(a2[r0:r1], a2b[r0:r1], hidden, m, exps)
+                exps_t.exp_()
+                loops.act_step_and_next_inputs(exps, block_u, t, block_state, data, r0, m, inputs, *block_out, e1, e1b, hidden)
+            continue
+        w1_rows, b1_rows, w2_rows, b2_rows = a1[r0:r1], a1b[r0:r1], a2[r0:r1], a2b[r0:r1]
+        for t in range(steps):
+            loops.hidden_inputs(w1_rows, b1_rows, inputs, m, hidden)
+            hidden_t.sigmoid_()
+            loops.centred_logits(w2_rows, b2_rows, hidden, m, exps)
             exps_t.exp_()
             loops.act_and_step(exps, block_u, t, block_state, data, r0, m, inputs, *block_out)
     return Trajectories.from_steps(
@@ -458,6 +461,14 @@ def _act_and_step(exps, uniforms, t, state, data, r0, m, inputs, obs, actions, r
             inputs[k, c] = state[c, k]
 
 
+def _act_step_and_next_inputs(exps, uniforms, t, state, data, r0, m, inputs, obs, actions, rewards, terminated,
+                              e1, e1b, hidden):
+    """:func:`_act_and_step`, then the next step's pre-activations (:func:`_hidden_inputs_per_env`):
+    one call a step less for the rollouts with per-environment weights."""
+    act_and_step(exps, uniforms, t, state, data, r0, m, inputs, obs, actions, rewards, terminated)  # noqa: F821
+    hidden_inputs_per_env(e1, e1b, inputs, hidden)  # noqa: F821 (both bound by _Loops)
+
+
 def _tanh_of_sigmoid(sig, out):
     """``out = 2·sig − 1`` (``tanh z`` from ``σ(2z)``), elementwise as torch computes it in float32."""
     flat_in, flat_out = sig.reshape(-1), out.reshape(-1)
@@ -503,28 +514,50 @@ def _backprop(exps, sig, hidden, x, actions, weights, w2t, seg, steps, total):
                 for j in range(n_hidden):
                     hid[j] = hidden[j, k]
                     zsig[j] = np.float32(0.0)
-                for q in range(n_out):
-                    oq = out[q]
-                    wq = w2t[r, q]
+                # W2 ψδ, the outputs summed in order, four to a pass over the hidden units
+                q = 0
+                while q + 4 <= n_out:
+                    oa, ob, oc, od = out[q], out[q + 1], out[q + 2], out[q + 3]
+                    wa, wb, wc, wd = w2t[r, q], w2t[r, q + 1], w2t[r, q + 2], w2t[r, q + 3]
                     for j in range(n_hidden):
-                        zsig[j] += wq[j] * oq
+                        zsig[j] = (((zsig[j] + wa[j] * oa) + wb[j] * ob) + wc[j] * oc) + wd[j] * od
+                    q += 4
+                while q < n_out:
+                    oa, wa = out[q], w2t[r, q]
+                    for j in range(n_hidden):
+                        zsig[j] += wa[j] * oa
+                    q += 1
+                gb1 = part[b1_at : b1_at + n_hidden]
                 for j in range(n_hidden):
                     s = sig[j, k]
                     zsig[j] *= np.float32(4.0) * s * (np.float32(1.0) - s)
-                gb1 = part[b1_at : b1_at + n_hidden]
-                for j in range(n_hidden):
                     gb1[j] += zsig[j]
                 for q in range(n_in):
                     xq = x[q, k]
                     gw1 = part[q * n_hidden : (q + 1) * n_hidden]
                     for j in range(n_hidden):
                         gw1[j] += xq * zsig[j]
-                for q in range(n_out):
-                    oq = out[q]
-                    gw2 = part[w2_at + q * n_hidden : w2_at + (q + 1) * n_hidden]
+                q = 0
+                while q + 4 <= n_out:
+                    oa, ob, oc, od = out[q], out[q + 1], out[q + 2], out[q + 3]
+                    at = w2_at + q * n_hidden
+                    ga, gb = part[at : at + n_hidden], part[at + n_hidden : at + 2 * n_hidden]
+                    gc, gd = part[at + 2 * n_hidden : at + 3 * n_hidden], part[at + 3 * n_hidden : at + 4 * n_hidden]
                     for j in range(n_hidden):
-                        gw2[j] += hid[j] * oq
-                    part[b2_at + q] += oq
+                        h = hid[j]
+                        ga[j] += h * oa
+                        gb[j] += h * ob
+                        gc[j] += h * oc
+                        gd[j] += h * od
+                    q += 4
+                while q < n_out:
+                    oa = out[q]
+                    ga = part[w2_at + q * n_hidden : w2_at + (q + 1) * n_hidden]
+                    for j in range(n_hidden):
+                        ga[j] += hid[j] * oa
+                    q += 1
+                for q in range(n_out):
+                    part[b2_at + q] += out[q]
             if added:
                 for e in range(d):
                     acc[e] += np.float64(part[e])
@@ -535,7 +568,7 @@ class _Loops:
     """The compiled loops; ``act_and_step`` only with a family's transition bound."""
 
     def __init__(self, transition: Any) -> None:
-        from fedrl_envs.fused import compile_loop
+        from fedrl_envs.fused import compile_loop, inline
 
         self.hidden_inputs = _compiled(_hidden_inputs)
         self.centred_logits = _compiled(_centred_logits)
@@ -545,8 +578,11 @@ class _Loops:
         self.hidden_inputs_per_env = _compiled(_hidden_inputs_per_env)
         self.centred_logits_per_env = _compiled(_centred_logits_per_env)
         if transition is not None:
-            self.act_and_step = compile_loop(_act_and_step, {"transition": transition},
-                                             (transition.py_func,))
+            self.act_and_step = compile_loop(_act_and_step, {"transition": transition}, (transition.py_func,))
+            step = inline(_act_and_step, {"transition": transition})
+            self.act_step_and_next_inputs = compile_loop(
+                _act_step_and_next_inputs, {"act_and_step": step, "hidden_inputs_per_env": inline(_hidden_inputs_per_env)},
+                (_act_and_step, transition.py_func, _hidden_inputs_per_env))
 
 
 @functools.cache
