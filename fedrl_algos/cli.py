@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from fedrl_algos import bench, flower_cli
 from fedrl_algos.reproduce import cli as reproduce_cli
@@ -74,5 +78,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.func(args) or 0)
 
 
+def run() -> NoReturn:
+    """The ``fedrl`` console script: :func:`main`, then an exit without the interpreter's teardown.
+
+    Tearing down a process that loaded torch (and Numba) — its modules, then the C++ libraries'
+    static objects and thread pools — takes 0.6–0.8 s on the 2-core machine, 6–8 % of a
+    ``fedrl reproduce fewshot``. By the time ``main`` returns every result file is written and
+    closed and every forked part joined, so ``run`` runs the ``atexit`` handlers (Ray's shutdown,
+    logging's flush, ...), flushes the standard streams and leaves with :func:`os._exit`. Called
+    from Python, :func:`main` returns normally.
+    """
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse's usage errors and --help
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be written anyway
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -78,3 +78,27 @@ def test_readme_names_every_experiment_that_reproduce_all_runs():
     assert all(f"`{name}`" in claim for name in EXPERIMENTS)
     assert "`--out DIR` (default `fedrl-demo/`, ignored by git)" in " ".join(readme.split())
     assert "fedrl-demo/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def _run_console_script(argv, tmp_path, prelude=""):
+    """The ``fedrl`` console script (``fedrl_algos.cli:run``) in a fresh interpreter, stdout a pipe."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = f"import sys\n{prelude}\nsys.argv = {['fedrl', *argv]!r}\nfrom fedrl_algos.cli import run\nrun()\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+
+
+def test_the_console_script_flushes_its_output_runs_atexit_handlers_and_keeps_the_exit_status(tmp_path):
+    prelude = "import atexit\natexit.register(lambda: print('atexit handler ran', flush=True))"
+    done = _run_console_script(["envs"], tmp_path, prelude)
+    assert done.returncode == 0, done.stderr
+    assert "fedrl/GridWorld-v0" in done.stdout and done.stdout.rstrip().endswith("atexit handler ran")
+    usage = _run_console_script(["reproduce", "no-such-experiment"], tmp_path)
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+    assert _run_console_script(["--help"], tmp_path).returncode == 0
+    failing = _run_console_script(["envs"], tmp_path, "import fedrl_algos.cli as c\nc.main = lambda: 3")
+    assert failing.returncode == 3
