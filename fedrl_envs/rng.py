@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "uniform32_of_finalizer_input", "uniform32_of_finalizer_input_numpy", "derive_keys", "seed_from_entropy", "words_to_uniform"]
+__all__ = ["RandomStreams", "OneStream", "bits_at", "mix64", "uniform32_of_mix64", "uniform32_of_finalizer_input", "uniform32_of_finalizer_input_numpy", "uniform32_rows_numpy", "derive_keys", "seed_from_entropy", "words_to_uniform"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -87,6 +87,26 @@ def uniform32_of_finalizer_input_numpy(x: Any) -> Any:
     x ^= x >> _U64_SHIFT27
     x *= _U64_MUL2
     return np.float32(x >> _U64_SHIFT40) * _F32_TWO_TO_MINUS_24
+
+
+_U64_GOLDEN = np.uint64(_GOLDEN % 2**64)
+
+
+def uniform32_rows_numpy(keys: Any, counters: Any, out: Any) -> None:
+    """``out[r, j]``: the ``j``-th float32 uniform :meth:`RandomStreams.uniform` draws next from the
+    stream of ``(keys[r], counters[r])`` (NumPy ``uint64`` arrays, the int64 state's bits), without
+    advancing anything; the same bits. Compiled by :mod:`fedrl_algos.policies.mlp_compiled`.
+
+    Word ``j`` is the finalizer of ``key + (counter + j)·golden``, whose first step adds ``golden``:
+    so the finalizer's remaining steps (:func:`uniform32_of_finalizer_input_numpy`) apply to
+    ``key + (counter + j + 1)·golden``, all in wrapping uint64 arithmetic.
+    """
+    one = np.uint64(1)
+    for r in range(out.shape[0]):
+        word = keys[r] + (counters[r] + one) * _U64_GOLDEN
+        for j in range(out.shape[1]):
+            out[r, j] = uniform32_of_finalizer_input_numpy(word)
+            word += _U64_GOLDEN
 
 
 def uniform32_of_finalizer_input(x: torch.Tensor) -> torch.Tensor:

@@ -300,3 +300,15 @@ def test_compiled_policy_gradient_of_a_network_with_four_inputs_matches_autograd
     got = policy.score_gradient(theta, traj, weights)
     exact = autograd_score_gradient(policy, theta.double(), traj._replace(obs=obs.double()), weights.double())
     assert float((got.double() - exact).abs().max() / exact.abs().max()) < 2e-6
+
+
+def test_the_compiled_uniform_draws_are_the_streams_bits_and_advance_them_alike():
+    keys = derive_keys(torch.tensor([0, 7, -3, 2**62]), torch.arange(4))
+    a, b = RandomStreams(keys.clone()), RandomStreams(keys.clone())
+    a.uniform((5,)), b.uniform((5,))  # counters past zero
+    b.counters = b.counters + torch.tensor([0, 1, 2**40, -(2**40)])  # unequal, large and negative counters too
+    a.counters = b.counters.clone()
+    for count in (1, 3, 1000):
+        want = a.uniform((count,))
+        got = mlp_compiled._uniforms(mlp_compiled._loops(None), b, count)
+        assert np.array_equal(got, want.numpy()) and torch.equal(a.counters, b.counters)

@@ -46,7 +46,7 @@ import torch
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
 from fedrl_envs.core import repeat_params
 from fedrl_envs.fused import numba_available
-from fedrl_envs.rng import RandomStreams
+from fedrl_envs.rng import RandomStreams, uniform32_of_finalizer_input_numpy, uniform32_rows_numpy
 
 __all__ = ["KERNELS", "check_kernels", "resolve_kernels", "compiled_rollout_applies", "compiled_rollout",
            "compiled_gradient_applies", "compiled_policy_gradient", "unpack_weights", "GRADIENT_CHUNK_SAMPLES"]
@@ -137,11 +137,13 @@ def compiled_rollout(
         horizon = family.horizon(params)
     steps = horizon + 1
     n_envs = rows * m
-    noise = streams.uniform((m, family.reset_noise_dim))
-    # [rows, steps, m] as drawn; environment-major [rows·m, steps] for the loops
-    uniforms = streams.uniform((steps, m), dtype=theta.dtype).reshape(rows, steps, m).transpose(1, 2)
-    uniforms = uniforms.reshape(n_envs, steps).contiguous().numpy()
-    start = family.reset(repeat_params(params, m), noise.reshape(n_envs, -1))
+    step_fn, data = transition
+    loops = _loops(step_fn)
+    noise = _uniforms(loops, streams, m * family.reset_noise_dim)
+    # [rows, steps·m] as drawn (step-major); environment-major [rows·m, steps] for the loops
+    uniforms = np.ascontiguousarray(_uniforms(loops, streams, steps * m).reshape(rows, steps, m).transpose(0, 2, 1))
+    uniforms = uniforms.reshape(n_envs, steps)
+    start = family.reset(repeat_params(params, m), torch.from_numpy(noise).reshape(n_envs, -1))
     state = start.to(torch.float32).reshape(n_envs, -1).numpy().copy()  # an own, writable, contiguous copy
     a1, a1b, a2, a2b = _weights(policy, theta.reshape(rows, -1))[:4]
     n_in, n_hidden, n_out = a1.shape[1], a2.shape[1], a2.shape[2]
@@ -151,8 +153,6 @@ def compiled_rollout(
     actions = np.empty((n_envs, steps), np.int64)
     rewards = np.empty((n_envs, steps), np.float32)
     terminated = np.empty((n_envs, steps), np.bool_)
-    step_fn, data = transition
-    loops = _loops(step_fn)
     # Few environments a row: every environment gets its row's weights (one long loop over all of
     # them), in blocks that keep those copies cache-sized; many: the row's weights over its segment.
     per_env = m < PER_ENV_WEIGHTS_BELOW
@@ -192,6 +192,19 @@ def compiled_rollout(
         torch.from_numpy(terminated).reshape(*batch, m, steps),
         theta.dtype,
     )
+
+
+def _uniforms(loops: _Loops, streams: RandomStreams, count: int) -> np.ndarray:
+    """``streams.uniform((count,))`` as a ``[rows, count]`` array, the same bits, drawn by a compiled loop
+    (:func:`fedrl_envs.rng.uniform32_rows_numpy`); the counters advance as that call advances them."""
+    if streams.keys.device.type != "cpu":
+        return streams.uniform((count,)).reshape(-1, count).cpu().numpy()
+    keys = streams.keys.reshape(-1).contiguous().numpy().view(np.uint64)
+    counters = streams.counters.reshape(-1).contiguous().numpy().view(np.uint64)
+    out = np.empty((keys.shape[0], count), np.float32)
+    loops.uniform_rows(keys, counters, out)
+    streams.advance(count)
+    return out
 
 
 def compiled_gradient_applies(policy: Any, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> bool:
@@ -577,6 +590,8 @@ class _Loops:
         self.per_env_weights = _compiled(_per_env_weights)
         self.hidden_inputs_per_env = _compiled(_hidden_inputs_per_env)
         self.centred_logits_per_env = _compiled(_centred_logits_per_env)
+        self.uniform_rows = compile_loop(uniform32_rows_numpy, {"uniform32_of_finalizer_input_numpy": inline(
+            uniform32_of_finalizer_input_numpy)}, (uniform32_of_finalizer_input_numpy,))
         if transition is not None:
             self.act_and_step = compile_loop(_act_and_step, {"transition": transition}, (transition.py_func,))
             step = inline(_act_and_step, {"transition": transition})
