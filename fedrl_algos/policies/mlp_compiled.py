@@ -3,32 +3,39 @@
 On the CPU a rollout of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` costs about 30 torch
 operations a time step, and at the batches of the neural experiments (60 rows × 10 trajectories)
 each of them is a few microseconds of dispatch plus, for the two batched matrix products, one small
-BLAS call per row: about 0.35 ms a time step. Here a time step is four calls, two loops compiled
+BLAS call per row: about 0.3 ms a time step. Here a time step is four calls, two loops compiled
 by `Numba <https://numba.pydata.org>`_ and torch's vectorized ``sigmoid_`` and ``exp_``:
 
-1. the hidden pre-activations ``2W1ᵀx + 2b1`` of every environment (compiled);
-2. ``σ`` of them in place (torch);
-3. the logits in the σ form of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`,
+1. ``σ`` of the hidden pre-activations ``2W1ᵀx + 2b1``, in place (torch);
+2. the logits in the σ form of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`,
    ``(2W2)ᵀσ + (b2 − W2ᵀ1)``, less their maximum (compiled);
-4. ``exp`` in place (torch); then one compiled pass draws every action by the same inverse-CDF
-   rule from the same uniforms, steps every environment through the family's compiled transition
+3. ``exp`` in place (torch);
+4. one compiled pass that draws every action by the same inverse-CDF rule from the same uniforms,
+   steps every environment through the family's compiled transition
    (:meth:`TaskFamily.compiled_transition <fedrl_envs.core.TaskFamily.compiled_transition>`,
    bitwise its torch step), records the step and computes the next pre-activations.
 
-The policy gradient (:func:`compiled_policy_gradient`) recomputes the probabilities through the same
-four stages, so they are bitwise those the actions were drawn from, and back-propagates each
-sample in float64, summing the samples of a row in their order: a row's gradient does not depend
-on the rest of the batch nor on the tiling.
+The intermediates are feature-major over all environments (``[features, environments]``), so the
+loops run along environments. With few trajectories a row (:data:`PER_ENV_WEIGHTS_BELOW`) every
+environment gets a copy of its row's weights, in blocks of :data:`ENV_BLOCK` environments, and
+the layers are one loop over all of them; otherwise each row's weights run over its own segment.
+Both compute every element with the same operations in the same order (tested bitwise).
 
-**Not bitwise the torch kernels.** The random numbers, the reset, the environment step, σ, exp and
-the cumulative sums (torch accumulates them in float64 too) are those of ``kernels="torch"``; the
-matrix products are summed in a fixed sequential order where torch's BLAS uses its own blocking
-(the hidden layer's two-term sums happen to agree; the 32-term output sums differ in the last bit
-for some logits), so an action whose uniform falls within rounding error of a CDF boundary may
-differ, and the trajectories part from there; the gradient is accumulated in float64 instead of
-float32 products. Runs are therefore reproducible (same seed, same bits, on any batch) but not
-bitwise comparable with ``kernels="torch"`` (``tests/test_compiled_mlp.py`` bounds the
-differences; ``docs/benchmarks.md`` compares the experiments' results).
+The policy gradient (:func:`compiled_policy_gradient`) runs the same forward pass in the tanh form
+torch's kernel uses (``W2ᵀh + b2``), then back-propagates each sample; a trajectory's samples are
+summed in float32 in their order and the trajectories in float64, so a row's gradient depends
+neither on the rest of the batch nor on the tiling.
+
+**Not bitwise the torch kernels.** The random numbers (drawn by a compiled loop with
+:meth:`RandomStreams.uniform <fedrl_envs.rng.RandomStreams.uniform>`'s bits), the reset, the
+environment step, σ, exp and the cumulative sums (torch accumulates them in float64 too) are those
+of ``kernels="torch"``; the matrix products are summed in a fixed sequential order where torch's
+BLAS uses its own blocking (the hidden layer's two-term sums happen to agree; the 32-term output
+sums differ in the last bit for some logits), so an action whose uniform falls within rounding
+error of a CDF boundary may differ, and the trajectories part from there. Runs are therefore
+reproducible (same seed, same bits, on any batch) but not bitwise comparable with
+``kernels="torch"`` (``tests/test_compiled_mlp.py`` bounds the differences; ``docs/reproduction.md``
+compares the experiments' results). The Hessian-vector products stay on the torch kernels.
 
 Numba is optional (``pip install "fedrl[fast]"``); the loops are compiled on first use and cached on
 disk (:func:`fedrl_envs.fused.compile_loop`).
