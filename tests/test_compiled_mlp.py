@@ -312,3 +312,14 @@ def test_the_compiled_uniform_draws_are_the_streams_bits_and_advance_them_alike(
         want = a.uniform((count,))
         got = mlp_compiled._uniforms(mlp_compiled._loops(None), b, count)
         assert np.array_equal(got, want.numpy()) and torch.equal(a.counters, b.counters)
+
+
+def test_the_reproductions_estimate_their_wall_time_for_the_kernels_that_run():
+    from fedrl_algos.reproduce import EXPERIMENTS
+
+    for name in ("fewshot", "curvature"):
+        experiment = EXPERIMENTS[name]
+        compiled = experiment.estimate_wall_time(experiment.config(kernels="numba"), 10)
+        plain = experiment.estimate_wall_time(experiment.config(kernels="torch"), 10)
+        assert compiled.seconds < plain.seconds and "compiled" in compiled.basis and "compiled" not in plain.basis
+        assert experiment.estimate_wall_time(experiment.config(kernels="auto"), 10) == compiled  # Numba is installed here

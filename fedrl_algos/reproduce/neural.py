@@ -445,10 +445,13 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
     config_class = CurvatureConfig
 
     def estimate_wall_time(self, config: CurvatureConfig, seeds: int) -> WallTimeEstimate:
-        # docs/reproduction.md: 502 s wall for 10 seeds, 150 rounds, 7 settings (6 m_h and first order)
+        # 10 seeds, 150 rounds, 7 settings (6 m_h and first order): 294 s wall with the compiled
+        # kernels (docs/benchmarks.md), 502 s wall with the torch kernels (docs/reproduction.md)
         settings = len(config.m_hs) * len(config.estimators) + 1
-        return linear_estimate(self.name, 502.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (settings, 7)},
-                               "docs/reproduction.md")
+        scales = {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (settings, 7)}
+        if resolve_kernels(config.kernels) == "numba":
+            return linear_estimate(self.name, 294.0, scales, "docs/benchmarks.md, compiled kernels")
+        return linear_estimate(self.name, 502.0, scales, "docs/reproduction.md")
 
     def run(self, config: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
@@ -705,9 +708,12 @@ class FewShotExperiment(Experiment[FewShotConfig]):
     config_class = FewShotConfig
 
     def estimate_wall_time(self, config: FewShotConfig, seeds: int) -> WallTimeEstimate:
-        # docs/reproduction.md: 14 s wall for 10 seeds, 150 rounds
-        return linear_estimate(self.name, 14.0, {"seeds": (seeds, 10), "rounds": (config.rounds, 150)},
-                               "docs/reproduction.md")
+        # 10 seeds, 150 rounds: 8.5 s wall with the compiled kernels (docs/benchmarks.md), 14 s wall
+        # with the torch kernels (docs/reproduction.md)
+        scales = {"seeds": (seeds, 10), "rounds": (config.rounds, 150)}
+        if resolve_kernels(config.kernels) == "numba":
+            return linear_estimate(self.name, 8.5, scales, "docs/benchmarks.md, compiled kernels")
+        return linear_estimate(self.name, 14.0, scales, "docs/reproduction.md")
 
     def run(self, config: FewShotConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         with cpu_threads(device, config.cpu_threads):
