@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``fedrl`` console script (and of ``python -m fedrl_algos.cli``).
+    """The ``fedrl`` command line from Python (the console script and ``python -m fedrl_algos.cli`` run it through :func:`run`).
 
     :param argv: the arguments (``None``: ``sys.argv[1:]``)
     :return: the exit status of the sub-command (argparse exits with 2 on a usage error)

@@ -57,11 +57,12 @@ def test_compiled_arc_transition_is_bitwise_the_torch_step():
     action = torch.randint(0, 8, (n,), generator=gen)
     want_state, want_reward, want_done = ARC_NAVIGATION.step(state, action, params)
     transition, data = ARC_NAVIGATION.compiled_transition(params, n)
-    got_state = state.numpy().copy()
-    got = [transition.py_func(got_state, i, int(action[i]), i, data) for i in range(n)]  # the twin's Python source
-    assert np.array_equal(got_state, want_state.numpy())
-    assert np.array_equal(np.array([g[0] for g in got], np.float32), want_reward.numpy())
-    assert not any(g[1] for g in got) and not bool(want_done.any())
+    for function in (transition, transition.py_func):  # compiled, and its Python source
+        got_state = state.numpy().copy()
+        got = [function(got_state, i, int(action[i]), i, data) for i in range(n)]
+        assert np.array_equal(got_state, want_state.numpy())
+        assert np.array_equal(np.array([g[0] for g in got], np.float32), want_reward.numpy())
+        assert not any(g[1] for g in got) and not bool(want_done.any())
     assert 0 < int(want_reward.sum()) < n and bool((want_state.abs() == 1).any())  # both boundaries were exercised
 
 

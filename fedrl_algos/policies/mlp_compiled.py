@@ -116,14 +116,23 @@ def unpack_weights(policy: Any, theta: torch.Tensor) -> tuple[torch.Tensor, torc
     return w1, b1, w2, b2
 
 
-def _weights(policy: Any, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
-    """``theta [R, d]`` as the loops' arrays: the σ-form weights ``2W1 [R, i, h]``, ``2b1 [R, h]``,
+def _as_arrays(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
+    return tuple(t.contiguous().numpy() for t in tensors)
+
+
+def _rollout_weights(policy: Any, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """``theta [R, d]`` as the σ-form weights the rollout loops take: ``2W1 [R, i, h]``, ``2b1 [R, h]``,
     ``2W2 [R, h, o]``, ``b2 − W2ᵀ1 [R, o]`` (``tanh z = 2σ(2z) − 1``: the tensors
-    :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` computes), then ``W2 [R, h, o]``, ``b2 [R, o]``
-    and ``W2ᵀ [R, o, h]``."""
+    :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` computes)."""
     w1, b1, w2, b2 = unpack_weights(policy, theta)
-    arrays = (2.0 * w1, 2.0 * b1, 2.0 * w2, b2 - w2.sum(-2), w2, b2, w2.transpose(-1, -2))
-    return tuple(t.contiguous().numpy() for t in arrays)
+    return _as_arrays(2.0 * w1, 2.0 * b1, 2.0 * w2, b2 - w2.sum(-2))
+
+
+def _gradient_weights(policy: Any, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """``theta [R, d]`` as the gradient loops take it: ``2W1``, ``2b1`` (the pre-activations of σ(2z)),
+    ``W2 [R, h, o]``, ``b2 [R, o]`` (the tanh-form logits) and ``W2ᵀ [R, o, h]`` (the backprop)."""
+    w1, b1, w2, b2 = unpack_weights(policy, theta)
+    return _as_arrays(2.0 * w1, 2.0 * b1, w2, b2, w2.transpose(-1, -2))
 
 
 def compiled_rollout(
@@ -152,7 +161,7 @@ def compiled_rollout(
     uniforms = uniforms.reshape(n_envs, steps)
     start = family.reset(repeat_params(params, m), torch.from_numpy(noise).reshape(n_envs, -1))
     state = start.to(torch.float32).reshape(n_envs, -1).numpy().copy()  # an own, writable, contiguous copy
-    a1, a1b, a2, a2b = _weights(policy, theta.reshape(rows, -1))[:4]
+    a1, a1b, a2, a2b = _rollout_weights(policy, theta.reshape(rows, -1))
     n_in, n_hidden, n_out = a1.shape[1], a2.shape[1], a2.shape[2]
     if state.shape[1] != n_in:
         raise ValueError(f"observations must have {n_in} features (the policy's input), got {state.shape[1]}")
@@ -244,8 +253,8 @@ def compiled_policy_gradient(
     m, steps = traj.rewards.shape[-2], traj.rewards.shape[-1]
     n = m * steps
     th = theta.reshape(rows, d)
-    a1, a1b, a2, _, w2, b2, w2t = _weights(policy, th)
-    n_in, n_hidden, n_out = a1.shape[1], a2.shape[1], a2.shape[2]
+    a1, a1b, w2, b2, w2t = _gradient_weights(policy, th)
+    n_in, n_hidden, n_out = a1.shape[1], w2.shape[1], w2.shape[2]
     inputs = traj.obs.to(torch.float32).reshape(rows, n, n_in).numpy()
     acts = traj.actions.to(torch.int64).reshape(rows, n).numpy()
     weight = weights.expand(*batch, m, steps).reshape(rows, n).numpy()

@@ -210,8 +210,8 @@ class MetaTrainingConfig(FederatedTrainingConfig):
     Numba installed); the two give statistically the same results, not bitwise the same numbers"""
     workers: int = DEFAULT_WORKERS
     """parts of the program run at once on CPU (:mod:`fedrl_algos.reproduce.parallel`): curvature's
-    Hessian batches beside the first-order estimate, fewshot's from-scratch runs beside the
-    meta-training; the results do not depend on it"""
+    Hessian batches beside the first-order estimate, fewshot's seeds split into that many groups;
+    the results do not depend on it"""
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
