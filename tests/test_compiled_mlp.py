@@ -193,12 +193,19 @@ def test_where_the_compiled_kernels_do_not_apply_the_torch_kernels_run(monkeypat
     # without Numba, "numba" and "auto" run the torch kernels
     monkeypatch.setattr(mlp_compiled, "numba_available", lambda: False)
     assert mlp_compiled.resolve_kernels("auto") == "torch"
-    assert same_as_torch(_policy("numba")) and same_as_torch(_policy("auto"))
+    with pytest.warns(UserWarning, match="runs only on a CPU with Numba installed"):
+        assert mlp_compiled.resolve_kernels("numba") == "torch"  # what runs, and what the experiments record
+    with pytest.warns(UserWarning, match="runs only on a CPU with Numba installed"):
+        assert same_as_torch(_policy("numba"))
+    assert same_as_torch(_policy("auto"))
 
 
 def test_auto_resolves_to_numba_on_the_cpu_only():
     assert mlp_compiled.resolve_kernels("auto", "cpu") == "numba"
     assert mlp_compiled.resolve_kernels("auto", "cuda") == "torch"
+    assert mlp_compiled.resolve_kernels("numba", "cpu") == "numba"
+    with pytest.warns(UserWarning, match="the torch kernels run on cuda"):
+        assert mlp_compiled.resolve_kernels("numba", "cuda") == "torch"
     assert mlp_compiled.resolve_kernels("torch", "cpu") == "torch"
     assert mlp_compiled.compiled_rollout_applies(_policy("auto"), ARC_NAVIGATION, _params(2),
                                                  _thetas(_policy(), 2)) is not None

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -79,11 +80,21 @@ def check_kernels(kernels: Any) -> str:
 
 
 def resolve_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
-    """``"auto"`` as ``"numba"`` on a CPU with Numba installed, else ``"torch"``; the others as they are."""
+    """The kernels that run: ``"numba"`` on a CPU with Numba installed when ``kernels`` is ``"numba"``
+    or ``"auto"``, else ``"torch"`` (what the experiments record in ``settings.kernels``).
+
+    An explicit ``"numba"`` that cannot run (no Numba, or not a CPU) warns once and runs the torch
+    kernels, as ``FastMlpPolicy`` does.
+    """
     check_kernels(kernels)
-    if kernels != "auto":
-        return kernels
-    return "numba" if torch.device(device).type == "cpu" and numba_available() else "torch"
+    if kernels == "torch":
+        return "torch"
+    if torch.device(device).type == "cpu" and numba_available():
+        return "numba"
+    if kernels == "numba":
+        warnings.warn(f'kernels="numba" runs only on a CPU with Numba installed (pip install "fedrl[fast]"); '
+                      f"the torch kernels run on {torch.device(device)}", stacklevel=2)
+    return "torch"
 
 
 def _plain_float32(t: torch.Tensor) -> bool:
