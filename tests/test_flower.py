@@ -46,6 +46,9 @@ def _models():
         "fedavg_pg_adam": lambda: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu", server_optimizer="adam"),
         "independent_pg": lambda: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu"),
         "mfpo": lambda: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=4, initial_trajectories=8),
+        # Adam steps: the agents' moments travel with the messages
+        "mfpo_adam": lambda: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=4, initial_trajectories=8,
+                                  optimizer="adam", step_size=0.05, momentum=0.5),
         "fedpg_br": lambda: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", byzantine_agents=[3, 5], attack="sign_flip"),
         # a Gymnasium id (not a fedrl family): each agent's environments are rebuilt on its client
         # and their random state travels with the messages
@@ -102,14 +105,17 @@ def test_halves_equal_the_in_process_round(name):
         _round_by_halves(server, workers)
         server.rounds_done += 1
     assert torch.equal(_params(reference), _params(server))
-    if name == "mfpo":
+    if name.startswith("mfpo"):
         assert torch.equal(reference.agent_direction, server.agent_direction)
         assert torch.equal(reference.agent_theta_prev, server.agent_theta_prev)
+    if name == "mfpo_adam":
+        for moment in ("agent_adam_step", "agent_adam_first", "agent_adam_second"):
+            assert torch.equal(getattr(reference, moment), getattr(server, moment)), moment
     if name == "fedpg_br":
         assert reference.filter_history == server.filter_history
 
 
-@pytest.mark.parametrize("name", ["per_fedavg_pg", "mfpo", "fedpg_br"])
+@pytest.mark.parametrize("name", ["per_fedavg_pg", "mfpo", "mfpo_adam", "fedpg_br"])
 def test_bad_replies_are_rejected_and_the_round_uses_the_others(name):
     make = _models()[name]
     faulty, server = make(), make()

@@ -30,6 +30,7 @@ from fedrl_algos.core.aggregation import UpdateCheck, aggregate_valid
 from fedrl_algos.core.attacks import attack_streams
 from fedrl_algos.core.directions import local_update
 from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.optim import AdamState
 from fedrl_algos.fedavg_pg.update import fedavg_local_steps, fedavg_server_step, round_step_sizes
 from fedrl_algos.mfpo.update import MFPOState
 from fedrl_envs.core import index_params, params_to
@@ -425,7 +426,9 @@ class IndependentProtocol(RoundProtocol):
 
 class MFPOProtocol(RoundProtocol):
     """MFPO: K − 1 local momentum steps and the K-th direction on the agent (its θ^(t−1) kept in
-    ``Context.state`` across rounds); the server's global phase (eq. 6–8) on the replies."""
+    ``Context.state`` across rounds); the server's global phase (eq. 6–8) on the replies. With
+    ``optimizer="adam"`` the agent's Adam moments travel both ways too (``adam-first``,
+    ``adam-second``; the step count is the local step, which the server knows)."""
 
     algorithms = ("MFPO",)
 
@@ -437,6 +440,9 @@ class MFPOProtocol(RoundProtocol):
         # a rejected or skipped round, a restarted server): then it travels with the message.
         if synced is None or not bool(synced[agent]):
             arrays["theta-prev"] = self._theta_message(model.agent_theta_prev[agent])
+        if model.update.optimizer == "adam":
+            arrays["adam-first"] = self._theta_message(model.agent_adam_first[agent])
+            arrays["adam-second"] = self._theta_message(model.agent_adam_second[agent])
         return arrays, {"local-step": int(model.local_step), "round": int(model.rounds_done)}
 
     def _agent_update(self, worker, arrays, config, state) -> AgentReply:
@@ -450,13 +456,21 @@ class MFPOProtocol(RoundProtocol):
             if state.get("mfpo-round") is None or int(np.asarray(state["mfpo-round"]).reshape(-1)[0]) != int(config["round"]) - 1:
                 raise ValueError("MFPO agent state lost: the server did not send θ^(t-1) and this client's Context.state does not hold it")
             prev = torch.as_tensor(np.asarray(state["mfpo-theta-prev"])).to(like.device)
-        start = MFPOState(theta, direction, prev.reshape(1, 1, -1), int(config["local-step"]))
+        step = int(config["local-step"])
+        moments = None
+        if model.update.optimizer == "adam":
+            moments = AdamState(torch.full((1, 1), float(step), dtype=like.dtype, device=like.device),
+                                _tensor(arrays, "adam-first", like).reshape(1, 1, -1), _tensor(arrays, "adam-second", like).reshape(1, 1, -1))
+        start = MFPOState(theta, direction, prev.reshape(1, 1, -1), step, moments)
         theta_k, direction_k, _, info = model.update.agent_phase(worker.federation.sampler, start)
         state["mfpo-theta-prev"] = theta_k[0, 0].cpu().numpy()
         state["mfpo-round"] = np.array([int(config["round"])], dtype=np.int64)
         metrics = {"num-trajectories": float(info["trajectories"]), "return": float(info["return"].mean()),
                    "env-steps": float(info["env_steps"].sum())}
-        return AgentReply(worker.agent, {"theta": theta_k[0, 0].cpu().numpy(), "direction": direction_k[0, 0].cpu().numpy()}, metrics)
+        reply = {"theta": theta_k[0, 0].cpu().numpy(), "direction": direction_k[0, 0].cpu().numpy()}
+        if moments is not None:
+            reply.update({"adam-first": info["moments"].first[0, 0].cpu().numpy(), "adam-second": info["moments"].second[0, 0].cpu().numpy()})
+        return AgentReply(worker.agent, reply, metrics)
 
     def server_update(self, replies, min_replies) -> dict[str, Any]:
         model = self.model
@@ -466,15 +480,24 @@ class MFPOProtocol(RoundProtocol):
         theta, check_t = _stack_replies(replies, "theta", n, like, (like.shape[-1],))
         direction, check_d = _stack_replies(replies, "direction", n, like, (like.shape[-1],))
         check = _merge(check_t, check_d)
+        adam = model.update.optimizer == "adam"
+        if adam:
+            first, check_f = _stack_replies(replies, "adam-first", n, like, (like.shape[-1],))
+            second, check_s = _stack_replies(replies, "adam-second", n, like, (like.shape[-1],))
+            check = _merge(_merge(check, check_f), check_s)
         if not self._enough(check, min_replies):
             self._flower_prev(torch.zeros(n, dtype=torch.bool))
             return self._skip(check, min_replies)
-        if not check.all_valid:  # unusable rows become NaN, which the global phase rejects as in one process
-            rows = check.valid.unsqueeze(-1)
-            theta = torch.where(rows, theta, torch.full_like(theta, float("nan")))
-            direction = torch.where(rows, direction, torch.full_like(direction, float("nan")))
+
+        def usable(x: torch.Tensor) -> torch.Tensor:  # unusable rows become NaN, which the global phase rejects as in one process
+            return x if check.all_valid else torch.where(check.valid.unsqueeze(-1), x, torch.full_like(x, float("nan")))
+
+        theta, direction = usable(theta), usable(direction)
         step = model.local_step + model.local_steps
-        new = model.update.global_phase(theta, direction, step, start, on_reject=self._merged_reject(check))
+        moments = None
+        if adam:  # the agents took K − 1 Adam steps since the last global phase
+            moments = AdamState(torch.full((1, n), float(step - 1), dtype=like.dtype, device=like.device), usable(first), usable(second))
+        new = model.update.global_phase(theta, direction, step, start, on_reject=self._merged_reject(check), moments=moments)
         got = replies.replies
         steps = [got[a].metrics.get("env-steps", 0.0) for a in sorted(got)]
         alpha = float(model.update.step_size(step))

@@ -2,6 +2,7 @@
 
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
 from fedrl_algos.mfpo.mfpo import MFPO
-from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate, momentum_direction, server_step
+from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate, adam_server_step, ascend, momentum_direction, server_step
 
-__all__ = ["MFPO", "ExponentialStepSize", "MFPOState", "MFPOUpdate", "MomentumSchedule", "momentum_direction", "server_step"]
+__all__ = ["MFPO", "ExponentialStepSize", "MFPOState", "MFPOUpdate", "MomentumSchedule", "adam_server_step", "ascend",
+           "momentum_direction", "server_step"]

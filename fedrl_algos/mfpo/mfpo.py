@@ -15,6 +15,7 @@ import torch
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
+from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
 from fedrl_algos.policies import FlatPolicy
@@ -78,6 +79,11 @@ class MFPO(FederatedAlgorithm):
         Gymnasium env's ``max_episode_steps − 1``)
     :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
+    :param optimizer: ``"sgd"`` (default): the paper's steps ``θ ← θ + α_t ũ``; ``"adam"``: every
+        local and server step is an Adam step of size α_t along the momentum direction, the server
+        averaging the agents' Adam moments with their directions (not the paper's; it is what makes
+        MFPO learn Pendulum: ``step_size=3e-3, momentum=0.5``, ``docs/algorithms/mfpo.md``). The
+        agents' moments are kept in :attr:`agent_adam_first`/:attr:`agent_adam_second` and saved
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -115,8 +121,10 @@ class MFPO(FederatedAlgorithm):
         n_agents: int | None = None,
         horizon: int | None = None,
         normalize_observations: bool = False,
+        optimizer: str = "sgd",
         _init_setup_model: bool = True,
     ) -> None:
+        self.optimizer = check_server_optimizer("optimizer", optimizer)
         self.step_size = as_step_size(step_size)
         self.momentum = as_momentum(momentum)
         self.local_steps = check_int("local_steps", local_steps)
@@ -170,18 +178,34 @@ class MFPO(FederatedAlgorithm):
             self.max_importance_weight,
             self.self_normalize_weights,
             self.__dict__.get("normalize_advantage", False),
+            self._optimizer,
         )
-        d = self.policy.n_params
+        d, dtype = self.policy.n_params, self.policy.theta.dtype
         if self.__dict__.get("agent_direction") is None:
-            self.agent_direction = torch.zeros(self.n_agents, d, dtype=self.policy.theta.dtype)
+            self.agent_direction = torch.zeros(self.n_agents, d, dtype=dtype)
         if self.__dict__.get("agent_theta_prev") is None:
             self.agent_theta_prev = self.policy.theta.detach().expand(self.n_agents, d).clone()
         self.agent_direction = self.agent_direction.to(self.device)
         self.agent_theta_prev = self.agent_theta_prev.to(self.device)
+        if self._optimizer == "adam":
+            if self.__dict__.get("agent_adam_first") is None:
+                self.agent_adam_step = torch.zeros(self.n_agents, dtype=dtype)
+                self.agent_adam_first = torch.zeros(self.n_agents, d, dtype=dtype)
+                self.agent_adam_second = torch.zeros(self.n_agents, d, dtype=dtype)
+            self.agent_adam_step, self.agent_adam_first, self.agent_adam_second = (
+                x.to(self.device) for x in (self.agent_adam_step, self.agent_adam_first, self.agent_adam_second))
+
+    @property
+    def _optimizer(self) -> str:
+        # files saved before the option existed hold no ``optimizer``: the paper's steps
+        return self.__dict__.get("optimizer", "sgd")
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts, variables = super()._get_torch_save_params()
-        return state_dicts, [*variables, "agent_direction", "agent_theta_prev"]
+        variables = [*variables, "agent_direction", "agent_theta_prev"]
+        if self._optimizer == "adam":  # only then: files of the paper's MFPO keep their fields
+            variables += ["agent_adam_step", "agent_adam_first", "agent_adam_second"]
+        return state_dicts, variables
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "update"]
@@ -191,7 +215,10 @@ class MFPO(FederatedAlgorithm):
     def state(self) -> MFPOState:
         """The current :class:`MFPOState` (batch ``[1, n, d]``)."""
         theta = self.policy.theta.detach().reshape(1, 1, -1).expand(1, self.n_agents, -1)
-        return MFPOState(theta.clone(), self.agent_direction.unsqueeze(0), self.agent_theta_prev.unsqueeze(0), self.local_step)
+        moments = None
+        if self._optimizer == "adam":
+            moments = AdamState(self.agent_adam_step.unsqueeze(0), self.agent_adam_first.unsqueeze(0), self.agent_adam_second.unsqueeze(0))
+        return MFPOState(theta.clone(), self.agent_direction.unsqueeze(0), self.agent_theta_prev.unsqueeze(0), self.local_step, moments)
 
     @property
     def trajectories_per_round(self) -> int:
@@ -213,6 +240,8 @@ class MFPO(FederatedAlgorithm):
         self.policy.theta.data.copy_(state.theta[0, 0])
         self.agent_direction = state.direction[0].clone()
         self.agent_theta_prev = state.theta_prev[0].clone()
+        if state.moments is not None:
+            self.agent_adam_step, self.agent_adam_first, self.agent_adam_second = (x[0].clone() for x in state.moments)
         self.local_step = state.step
         if first:  # the initial direction used D̃ trajectories instead of D
             self.trajectories_per_agent += self.initial_trajectories - self.n_trajectories

@@ -16,8 +16,9 @@ import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
+from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 
-__all__ = ["MFPOState", "MFPOUpdate", "momentum_direction", "server_step"]
+__all__ = ["MFPOState", "MFPOUpdate", "adam_server_step", "ascend", "momentum_direction", "server_step"]
 
 
 class MFPOState(NamedTuple):
@@ -27,18 +28,23 @@ class MFPOState(NamedTuple):
     :param direction: every agent's last direction ũ_i^(t−1)
     :param theta_prev: every agent's parameters of the last step θ_i^(t−1)
     :param step: local steps done so far (the next step is ``t = step + 1``)
+    :param moments: every agent's Adam state (batch ``[*R, n]``) with ``optimizer="adam"``;
+        ``None`` with the paper's plain steps
     """
 
     theta: torch.Tensor
     direction: torch.Tensor
     theta_prev: torch.Tensor
     step: int
+    moments: AdamState | None = None
 
     @classmethod
-    def initial(cls, theta: torch.Tensor, n_agents: int) -> MFPOState:
-        """Start from server parameters ``theta [*R, d]``: every agent holds θ̄^(1)."""
+    def initial(cls, theta: torch.Tensor, n_agents: int, optimizer: str = "sgd") -> MFPOState:
+        """Start from server parameters ``theta [*R, d]``: every agent holds θ̄^(1) (and, with
+        ``optimizer="adam"``, a zero Adam state)."""
         local = theta.unsqueeze(-2).expand(*theta.shape[:-1], n_agents, theta.shape[-1]).clone()
-        return cls(local, torch.zeros_like(local), local.clone(), 0)
+        moments = AdamState.zeros_like(local) if check_server_optimizer("optimizer", optimizer) == "adam" else None
+        return cls(local, torch.zeros_like(local), local.clone(), 0, moments)
 
 
 def momentum_direction(
@@ -72,16 +78,55 @@ def server_step(
         agent gets zeros, which the caller replaces (:meth:`MFPOUpdate.local_step` keeps the server's state)
     :return: ``(θ̄^(t+1) [*R, d], ū^(t) [*R, d])``, the two things broadcast by eq. (8)
     """
+    theta_bar, direction_bar = _average((theta_local, direction_local), weights, valid)
+    return theta_bar + step_size * direction_bar, direction_bar
+
+
+def _average(local: tuple[torch.Tensor, ...], weights: torch.Tensor | None, valid: torch.Tensor | None) -> list[torch.Tensor]:
+    """:func:`~fedrl_algos.core.aggregate` of each ``[*R, n, d]`` tensor over the valid agents (see :func:`server_step`)."""
     if valid is not None:
         w = masked_weights(valid, weights).clamp(min=0)
         w = torch.where(w.sum(-1, keepdim=True) > 0, w, torch.ones_like(w))  # skipped runs: zeros below, not 0/0
         rows = valid.unsqueeze(-1)
-        theta_local = torch.where(rows, theta_local, torch.zeros_like(theta_local))
-        direction_local = torch.where(rows, direction_local, torch.zeros_like(direction_local))
+        local = tuple(torch.where(rows, x, torch.zeros_like(x)) for x in local)
         weights = w
-    direction_bar = aggregate(direction_local, weights)
-    theta_bar = aggregate(theta_local, weights)
-    return theta_bar + step_size * direction_bar, direction_bar
+    return [aggregate(x, weights) for x in local]
+
+
+def ascend(
+    theta: torch.Tensor, direction: torch.Tensor, step_size: float, moments: AdamState | None
+) -> tuple[torch.Tensor, AdamState | None]:
+    """Eq. (5) in ascent form, ``θ ← θ + α_t ũ`` (``moments`` ``None``), or an Adam step of size
+    α_t along ũ (:func:`~fedrl_algos.core.optim.adam_ascent`; ``moments`` its state, batch ``theta``'s).
+
+    :return: the new parameters and Adam state (``None`` for the plain step)
+    """
+    if moments is None:
+        return theta + step_size * direction, None
+    return adam_ascent(theta, direction, moments, step_size)
+
+
+def adam_server_step(
+    theta_local: torch.Tensor,
+    direction_local: torch.Tensor,
+    moments_local: AdamState,
+    step_size: float,
+    weights: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, AdamState]:
+    """Eq. (6)–(7) with Adam steps: the server averages parameters, directions and the agents'
+    Adam moments, then takes an Adam step of size α from the averaged ones along ``ū``.
+
+    Arguments as :func:`server_step`, and the agents' Adam states ``moments_local`` (batch
+    ``[*R, n]``; agents of a run share the step count, the largest is kept).
+
+    :return: ``(θ̄^(t+1) [*R, d], ū^(t) [*R, d], the server's Adam state, batch [*R])``
+    """
+    theta_bar, direction_bar, first_bar, second_bar = _average(
+        (theta_local, direction_local, moments_local.first, moments_local.second), weights, valid)
+    server = AdamState(moments_local.step.amax(-1), first_bar, second_bar)
+    theta_new, server = adam_ascent(theta_bar, direction_bar, server, step_size)
+    return theta_new, direction_bar, server
 
 
 class MFPOUpdate:
@@ -107,6 +152,9 @@ class MFPOUpdate:
     :param normalize_advantage: divide every batch's step weights ψ by their standard deviation
         (:func:`~fedrl_algos.core.gpomdp.normalize_step_weights`); g and the weighted g_prev of
         eq. (3) share the batch and so the divisor
+    :param optimizer: ``"sgd"``: the paper's steps ``θ ← θ + α_t ũ`` (eq. 5 and 7); ``"adam"``: Adam
+        steps of size α_t along ũ, the agents' Adam moments averaged by the server with the
+        directions (the state's ``moments``; not the paper's, see ``docs/algorithms/mfpo.md``)
     """
 
     def __init__(
@@ -123,8 +171,10 @@ class MFPOUpdate:
         max_importance_weight: float | None = None,
         self_normalize: bool = False,
         normalize_advantage: bool = False,
+        optimizer: str = "sgd",
     ) -> None:
         self.policy = policy
+        self.optimizer = check_server_optimizer("optimizer", optimizer)
         self.local_steps = local_steps
         self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage)
         self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline, normalize_advantage)
@@ -155,10 +205,18 @@ class MFPOUpdate:
         theta, direction, info = self.direction(sampler, state)
         t, alpha = state.step + 1, info["alpha"]
         if t % self.local_steps != 0:
-            new = MFPOState(theta + alpha * direction, direction, theta, t)
+            new_theta, moments = ascend(theta, direction, alpha, self._moments(state))
+            new = MFPOState(new_theta, direction, theta, t, moments)
         else:
-            new = self._global_phase(theta, direction, alpha, t, state if round_start is None else round_start, on_reject)
+            new = self._global_phase(theta, direction, alpha, t, state if round_start is None else round_start, on_reject,
+                                     self._moments(state))
         return new, info
+
+    def _moments(self, state: MFPOState) -> AdamState | None:
+        """The agents' Adam state of ``state`` (zeros when it holds none), ``None`` for plain steps."""
+        if self.optimizer != "adam":
+            return None
+        return state.moments if state.moments is not None else AdamState.zeros_like(state.theta)
 
     def direction(self, sampler, state: MFPOState) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """What every agent computes at step ``t = state.step + 1``: its direction ũ^(t) (eq. 3–4)
@@ -195,7 +253,9 @@ class MFPOUpdate:
         (eq. 5) and the direction of step K, from a state right after a global phase.
 
         :return: ``θ^(K)`` and ``ũ^(K)`` (what the agent sends the server), its ``θ^(K−1)``, and the
-            last step's diagnostics with ``env_steps`` and ``trajectories`` summed over the round
+            last step's diagnostics with ``env_steps`` and ``trajectories`` summed over the round;
+            with ``optimizer="adam"`` the diagnostics' ``moments`` is the agent's Adam state after
+            the K − 1 steps (sent to the server too)
         """
         if state.step % self.local_steps != 0:
             raise ValueError(f"a round must start right after a global phase (step a multiple of {self.local_steps}), got step {state.step}")
@@ -206,42 +266,75 @@ class MFPOUpdate:
             trajectories += info["trajectories"]
         theta, direction, info = self.direction(sampler, state)
         info.update(env_steps=env_steps + info["env_steps"], trajectories=trajectories + info["trajectories"])
+        if self.optimizer == "adam":
+            info["moments"] = self._moments(state)
         return theta, direction, state.theta_prev, info
 
     def global_phase(
-        self, theta: torch.Tensor, direction: torch.Tensor, step: int, round_start: MFPOState, on_reject: OnReject | None = None
+        self, theta: torch.Tensor, direction: torch.Tensor, step: int, round_start: MFPOState, on_reject: OnReject | None = None,
+        moments: AdamState | None = None,
     ) -> MFPOState:
         """The server side of one round: eq. (6)–(8) from every agent's ``θ^(K)`` and ``ũ^(K)``
-        ``[*R, n, d]`` at local step ``step`` (a multiple of K); see :meth:`local_step` for rejected agents."""
-        return self._global_phase(theta, direction, float(self.step_size(step)), step, round_start, on_reject)
+        ``[*R, n, d]`` at local step ``step`` (a multiple of K), and with ``optimizer="adam"`` the
+        agents' Adam states ``moments`` (batch ``[*R, n]``; required then); see :meth:`local_step`
+        for rejected agents."""
+        if self.optimizer == "adam" and moments is None:
+            raise ValueError("moments must be the agents' Adam states with optimizer='adam', got None")
+        return self._global_phase(theta, direction, float(self.step_size(step)), step, round_start, on_reject,
+                                  moments if self.optimizer == "adam" else None)
 
     def _global_phase(
-        self, theta: torch.Tensor, direction: torch.Tensor, alpha: float, t: int, round_start: MFPOState, on_reject: OnReject | None
+        self, theta: torch.Tensor, direction: torch.Tensor, alpha: float, t: int, round_start: MFPOState, on_reject: OnReject | None,
+        moments: AdamState | None = None,
     ) -> MFPOState:
-        """Eq. (6)–(8) over the valid agents (see :meth:`local_step`)."""
+        """Eq. (6)–(8) over the valid agents (see :meth:`local_step`); with ``moments`` an agent's
+        Adam moments are checked too (finite, second moments not negative)."""
         like = round_start.theta[..., 0, :]
         check = validate_updates(theta, like, "parameters").merge(validate_updates(direction, like, "direction"))
+        if moments is not None:
+            # a negative second moment has no root: such an agent is rejected like a non-finite one
+            second = torch.where(moments.second < 0, torch.full_like(moments.second, float("nan")), moments.second)
+            check = check.merge(validate_updates(moments.first, like, "Adam first moment")).merge(
+                validate_updates(second, like, "Adam second moment"))
         n = theta.shape[-2]
 
         def spread(x: torch.Tensor) -> torch.Tensor:
             return x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1]).clone()
 
+        def spread_state(server: AdamState) -> AdamState:
+            step = server.step.unsqueeze(-1).expand(*server.step.shape, n).clone()
+            return AdamState(step, spread(server.first), spread(server.second))
+
         if check.all_valid:
-            theta_bar, direction_bar = server_step(theta, direction, alpha)
-            return MFPOState(spread(theta_bar), spread(direction_bar), theta, t)
+            if moments is None:
+                theta_bar, direction_bar = server_step(theta, direction, alpha)
+                return MFPOState(spread(theta_bar), spread(direction_bar), theta, t)
+            theta_bar, direction_bar, server = adam_server_step(theta, direction, moments, alpha)
+            return MFPOState(spread(theta_bar), spread(direction_bar), theta, t, spread_state(server))
         (on_reject or warn_rejected)(check)
         if theta.shape != round_start.theta.shape or direction.shape != round_start.direction.shape:
             return round_start._replace(step=t)  # nothing usable: every run skips the round
-        theta_bar, direction_bar = server_step(theta, direction, alpha, valid=check.valid)
+        new_moments = None
+        if moments is None:
+            theta_bar, direction_bar = server_step(theta, direction, alpha, valid=check.valid)
+        else:
+            theta_bar, direction_bar, server = adam_server_step(theta, direction, moments, alpha, valid=check.valid)
+            new_moments = spread_state(server)
         rows = check.valid.unsqueeze(-1)
         new_theta, new_direction = spread(theta_bar), spread(direction_bar)
         theta_prev = torch.where(rows, theta, new_theta)
         keep = check.skipped.reshape(*check.skipped.shape, 1, 1)
+        if new_moments is not None and round_start.moments is not None:
+            keep_step = check.skipped.unsqueeze(-1)
+            new_moments = AdamState(torch.where(keep_step, round_start.moments.step, new_moments.step),
+                                    torch.where(keep, round_start.moments.first, new_moments.first),
+                                    torch.where(keep, round_start.moments.second, new_moments.second))
         return MFPOState(
             torch.where(keep, round_start.theta, new_theta),
             torch.where(keep, round_start.direction, new_direction),
             torch.where(keep, round_start.theta_prev, theta_prev),
             t,
+            new_moments,
         )
 
     def round(self, sampler, state: MFPOState, on_reject: OnReject | None = None) -> tuple[MFPOState, dict[str, Any]]:

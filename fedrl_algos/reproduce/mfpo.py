@@ -133,6 +133,8 @@ class MethodConfig:
     :param log_std_init: the Gaussian head's initial log standard deviation (continuous actions)
     :param init_gains: ``(hidden, last)`` gains of an orthogonal initialization instead of
         ``init_std`` (``MlpPolicy``'s ``init_gains``; the MuJoCo rows use SB3's ``(√2, 0.01)``)
+    :param mfpo_optimizer: MFPO's step rule (``MFPO``'s ``optimizer``): ``"sgd"``, the paper's
+        ``θ ← θ + α_t ũ``, or ``"adam"``, Adam steps of size α_t (``step_size``) along ũ
     """
 
     local_steps: int = 10
@@ -158,9 +160,11 @@ class MethodConfig:
     init_std: float | tuple[float, ...] = (0.5, 0.1)
     log_std_init: float = 0.0
     init_gains: tuple[float, float] | None = None
+    mfpo_optimizer: str = "sgd"
 
     def __post_init__(self) -> None:
         check_server_optimizer("server_optimizer", self.server_optimizer)
+        check_server_optimizer("mfpo_optimizer", self.mfpo_optimizer)
         for name in ("server_lr", "fedpg_br_lr"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and not isinstance(value, bool) and value > 0):
@@ -315,8 +319,9 @@ def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum
         cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
         cfg.step_size, cfg.momentum if momentum else (lambda t, a: 0.0),
         max_importance_weight=cfg.max_importance_weight, normalize_advantage=cfg.normalize_advantage,
+        optimizer=cfg.mfpo_optimizer,
     )
-    state = MFPOState.initial(pop.initial_theta(), pop.n_agents)
+    state = MFPOState.initial(pop.initial_theta(), pop.n_agents, cfg.mfpo_optimizer)
     curve = _Curve(pop, budget, max_rounds, bar)
     curve.record(state.theta[:, 0])
     going = True
