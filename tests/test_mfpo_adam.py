@@ -175,3 +175,32 @@ def test_pendulum_reaches_minus_200_with_adam_steps():
     final = curve[-1]["return"]
     assert [round(float(x), 1) for x in final] == [-156.7, -195.6, -222.9]
     assert float(final.mean()) >= -200.0
+
+
+def test_adam_methods_take_the_rows_measured_settings():
+    from fedrl_algos.reproduce.mfpo import ADAM_DEFAULT, MethodConfig, MFPOConfig, adam_methods
+
+    pendulum = adam_methods("pendulum", MethodConfig())
+    assert pendulum.mfpo_optimizer == "adam" and pendulum.step_size(1) == pendulum.step_size(500) == 3e-3
+    assert pendulum.momentum(5, 3e-3) == 0.5 and pendulum.squash == "tanh" and pendulum.init_std == (0.5, 0.01)
+    cartpole = adam_methods("cartpole", MethodConfig(local_steps=3))
+    assert cartpole.local_steps == 3 and cartpole.step_size(7) == ADAM_DEFAULT["step_size"]
+    with pytest.raises(ValueError, match="mfpo_optimizer"):
+        MFPOConfig(mfpo_optimizer="adagrad")
+    with pytest.raises(ValueError, match="env"):
+        adam_methods("mountaincar", MethodConfig())
+
+
+def test_cli_runs_mfpo_with_adam_steps_and_records_them(tmp_path):
+    import json
+
+    from fedrl_algos.cli import main
+
+    code = main(["reproduce", "mfpo", "--env", "pendulum", "--quick", "--seeds", "1", "--no-sweeps", "--mfpo-optimizer", "adam",
+                 "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    payload = json.loads((tmp_path / "mfpo" / "results.json").read_text())
+    assert payload["settings"]["mfpo_methods"]["mfpo_optimizer"] == "adam"
+    assert payload["settings"]["methods"]["mfpo_optimizer"] == "sgd"  # FedAvg-PG and FedPG-BR keep their settings
+    assert {r["method"] for r in payload["records"]} >= {"MFPO", "FedAvg-PG", "FedPG-BR"}
+    assert "Adam steps" in (tmp_path / "mfpo" / "report.md").read_text()

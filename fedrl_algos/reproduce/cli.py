@@ -69,7 +69,8 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             # "none" is the config's default (None), so it sets nothing
             "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline),
             "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None)),
-            "--kernels": ("kernels", getattr(args, "kernels", None))}
+            "--kernels": ("kernels", getattr(args, "kernels", None)),
+            "--mfpo-optimizer": ("mfpo_optimizer", getattr(args, "mfpo_optimizer", None))}
 
 
 def _attack_list(text: str) -> tuple[str, ...]:
@@ -178,6 +179,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"steps per agent of mfpo's Fed-DQN / Fed-SAC, or 'paper' ({_steps(PAPER_BUDGET)}; ≈ 11 h for CartPole's "
                         f"Fed-DQN at 10 seeds); default: the reduced run that fits a 2-core machine ({reduced}), at most --budget")
     parser.add_argument("--no-sweeps", action="store_true", help="mfpo: the comparison only, without the agents / local-steps sweeps")
+    parser.add_argument("--mfpo-optimizer", choices=["sgd", "adam"], default=None,
+                        help="mfpo: MFPO's step rule, the paper's plain steps (sgd, default) or Adam steps along its momentum direction "
+                        "with the row's measured settings (adam; not the paper's: docs/algorithms/mfpo.md)")
     parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
                         help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
                         "(default none,random_noise,sign_flip)")

@@ -44,7 +44,7 @@ from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
-from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule
+from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.fedavg_pg import fedavg_pg_round
 from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.fedpg_br.update import make_env_server_sampler
@@ -667,6 +667,26 @@ def paper_methods(env: str, methods: MethodConfig) -> MethodConfig:
     return methods
 
 
+#: MFPO's settings with Adam steps (``MFPOConfig.mfpo_optimizer="adam"``, not the paper's), per row:
+#: the Adam step size α, the momentum ν and the other changes, measured on Pendulum (docs/algorithms/mfpo.md)
+#: and HalfCheetah (docs/reproduction_mfpo.md); the other rows take :data:`ADAM_DEFAULT`, not tuned.
+ADAM_STEP_RULES: dict[str, dict[str, Any]] = {
+    "pendulum": dict(step_size=3e-3, momentum=0.5, normalize_advantage=True, activation="relu", squash="tanh", init_std=(0.5, 0.01)),
+}
+#: the Adam settings of the rows without measured ones
+ADAM_DEFAULT: dict[str, Any] = dict(step_size=1e-3, momentum=0.5, normalize_advantage=True)
+
+
+def adam_methods(env: str, methods: MethodConfig) -> MethodConfig:
+    """MFPO's settings for a row with Adam steps: ``methods`` with ``mfpo_optimizer="adam"`` and the
+    row's :data:`ADAM_STEP_RULES` (constant step size α and momentum ν; :data:`ADAM_DEFAULT` where none
+    was measured)."""
+    _check_env(env)
+    rule = dict(ADAM_STEP_RULES.get(env, ADAM_DEFAULT))
+    return replace(methods, mfpo_optimizer="adam", step_size=as_step_size(rule.pop("step_size")),
+                   momentum=as_momentum(rule.pop("momentum")), **rule)
+
+
 def _quick_methods(**changes: Any) -> MethodConfig:
     """The methods' hyperparameters of a quick run: 4 trajectories a step, FedPG-BR's batches 4–5 of 2."""
     return MethodConfig(**{"n_trajectories": 4, "batch_range": (4, 5), "inner_batch_size": 2, "eval_trajectories": 2,
@@ -708,9 +728,13 @@ class MFPOConfig:
     """cap on the K that a local-steps sweep run takes (``None``: none; records keep the nominal K)"""
     methods: MethodConfig = field(default_factory=MethodConfig)
     """the three methods' hyperparameters (K = 10, D = 20, ...)"""
+    mfpo_optimizer: str = "sgd"
+    """MFPO's step rule in the comparison and the sweeps: ``"sgd"``, the paper's, or ``"adam"``, Adam steps
+    along the momentum direction with the row's :data:`ADAM_STEP_RULES` (:func:`adam_methods`; not the paper's)"""
 
     def __post_init__(self) -> None:
         _check_env(self.env)
+        check_server_optimizer("mfpo_optimizer", self.mfpo_optimizer)
 
     @property
     def resolved_budget(self) -> float:
@@ -771,6 +795,8 @@ class MFPOComparison(Experiment[MFPOConfig]):
 
     def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, env = paper_methods(config.env, config.methods), config.env
+        # MFPO's own settings: the paper's, or with Adam steps its row's (the other methods keep cfg)
+        mfpo_cfg = adam_methods(env, cfg) if config.mfpo_optimizer == "adam" else cfg
         sb3_budget, budget, sweep_budget = config.resolved_sb3_budget, config.resolved_budget, config.resolved_sweep_budget
         seed_list = list(range(seeds))
         records: list[dict[str, Any]] = []
@@ -784,7 +810,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
         }
         n = config.n_agents
         for method, train in trainers.items() if config.comparison else ():
-            pop = Population(env, seed_list, n, cfg, device)
+            pop = Population(env, seed_list, n, mfpo_cfg if method == "MFPO" else cfg, device)
             points = _timed(progress, method, wall, lambda bar, pop=pop, train=train: train(pop, bar), _size(budget, config.rounds))
             records += _records(points, seed_list, **base, part="comparison", method=method, n_agents=n, local_steps=cfg.local_steps)
         missing = {"Fed-DQN": "missing (issue 7)", "Fed-SAC": "missing (issue 7)"}
@@ -809,7 +835,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
             settings += [("local_steps_sweep", n, k) for k in config.local_step_counts]
             cap = config.sweep_max_local_steps
             for part, agents, k in settings:
-                sweep_cfg = replace(cfg, local_steps=k if cap is None else min(k, cap))
+                sweep_cfg = replace(mfpo_cfg, local_steps=k if cap is None else min(k, cap))
                 pop = Population(env, seed_list, agents, sweep_cfg, device)
                 desc = f"MFPO N={agents}" if part == "agents_sweep" else f"MFPO K={k}"
                 points = _timed(progress, desc, wall, lambda bar, pop=pop: train_mfpo(pop, sweep_budget, config.sweep_rounds, bar=bar),
@@ -825,8 +851,11 @@ class MFPOComparison(Experiment[MFPOConfig]):
             "only differences are MFPO's momentum, importance weights and server step.",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
+        if config.mfpo_optimizer == "adam":
+            notes.append("MFPO ran with Adam steps along its momentum direction (mfpo_optimizer='adam', not the paper's step rule): "
+                         + ", ".join(f"{k}={v}" for k, v in mfpo_cfg.describe().items() if v != cfg.describe().get(k)))
         settings = {"budget": budget, "sweep_budget": sweep_budget, "sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": GAMMA,
-                    "seeds": seeds, "wall_time_per_method_s": wall}
+                    "seeds": seeds, "wall_time_per_method_s": wall, "mfpo_methods": mfpo_cfg.describe()}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
     def _table(self, records: list[dict[str, Any]], config: MFPOConfig, missing: dict[str, str]) -> list[TableRow]:
