@@ -669,12 +669,15 @@ def paper_methods(env: str, methods: MethodConfig) -> MethodConfig:
 
 #: MFPO's settings with Adam steps (``MFPOConfig.mfpo_optimizer="adam"``, not the paper's), per row:
 #: the Adam step size α, the momentum ν and the other changes, measured on Pendulum and CartPole
-#: (docs/algorithms/mfpo.md) and HalfCheetah (docs/reproduction_mfpo.md); the other rows take
-#: :data:`ADAM_DEFAULT`.
+#: (docs/algorithms/mfpo.md), HalfCheetah, Breakout and Pong (docs/reproduction_mfpo.md); Hopper
+#: takes :data:`ADAM_DEFAULT`.
 ADAM_STEP_RULES: dict[str, dict[str, Any]] = {
     "pendulum": dict(step_size=3e-3, momentum=0.5, normalize_advantage=True, activation="relu", squash="tanh", init_std=(0.5, 0.01)),
     "halfcheetah": dict(step_size=1e-3, momentum=0.5, normalize_advantage=True),
     "cartpole": dict(step_size=1e-3, momentum=0.5, normalize_advantage=True),
+    # the largest step measured that did not collapse the Nature CNN's policy (1e-3 did, on Breakout)
+    "breakout": dict(step_size=5e-4, momentum=0.5, normalize_advantage=True),
+    "pong": dict(step_size=5e-4, momentum=0.5, normalize_advantage=True),
 }
 #: the Adam settings of the rows without measured ones
 ADAM_DEFAULT: dict[str, Any] = dict(step_size=1e-3, momentum=0.5, normalize_advantage=True)
