@@ -83,7 +83,8 @@ class MFPO(FederatedAlgorithm):
         local and server step is an Adam step of size α_t along the momentum direction, the server
         averaging the agents' Adam moments with their directions (not the paper's; it is what makes
         MFPO learn Pendulum: ``step_size=3e-3, momentum=0.5``, ``docs/algorithms/mfpo.md``). The
-        agents' moments are kept in :attr:`agent_adam_first`/:attr:`agent_adam_second` and saved
+        agents' moments are kept in ``agent_adam_step``, ``agent_adam_first`` and ``agent_adam_second``
+        and saved with the model
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
