@@ -172,9 +172,9 @@ def test_pendulum_reaches_minus_200_with_adam_steps():
         curve = train_mfpo(Population("pendulum", [0, 1, 2], 10, cfg), 1e6)
     finally:
         torch.set_num_threads(before)
-    final = curve[-1]["return"]
-    assert [round(float(x), 1) for x in final] == [-156.7, -195.6, -222.9]
-    assert float(final.mean()) >= -200.0
+    start, final = curve[0]["return"], curve[-1]["return"]
+    assert float(final.mean()) >= -200.0  # measured: -156.7, -195.6, -222.9 (mean -191.7)
+    assert bool((final - start > 900).all())  # every seed from about -1250
 
 
 def test_adam_methods_take_the_rows_measured_settings():
