@@ -100,7 +100,8 @@ def alive_mask(terminated: torch.Tensor) -> torch.Tensor:
     """
     done = terminated.to(torch.bool)
     alive = torch.ones_like(done)
-    if done.shape[-1] > 1:
+    # families that never terminate (arc navigation, Pendulum) skip the scan: one reduction instead
+    if done.shape[-1] > 1 and bool(done[..., :-1].any()):
         alive[..., 1:] = (~done[..., :-1]).to(torch.int64).cumprod(-1).to(torch.bool)
     return alive
 

@@ -71,7 +71,7 @@ def _numba() -> Any:
 
 
 def compile_loop(loop: Callable[..., Any], callees: dict[str, Callable[..., Any]],
-                 compiled_from: Sequence[Callable[..., Any]] = ()) -> Callable[..., Any]:
+                 compiled_from: Sequence[Callable[..., Any]] = (), fastmath: frozenset[str] = frozenset()) -> Callable[..., Any]:
     """``loop`` compiled by Numba (no GIL, no bounds checks, NumPy's division semantics), cached on disk.
 
     ``loop`` calls its compiled helpers by global name; ``callees`` binds those names (e.g. the
@@ -81,8 +81,14 @@ def compile_loop(loop: Callable[..., Any], callees: dict[str, Callable[..., Any]
     of them compiles anew instead of loading a stale loop. Where no cache directory is writable
     the loop is compiled without one (once per process). ``error_model="numpy"``: a division by
     zero gives inf or nan as torch's does, instead of raising.
+
+    :param fastmath: LLVM fast-math flags for the loop (e.g. ``{"reassoc", "contract"}``: sums that
+        LLVM may vectorize and reorder, hence round differently from a sequential sum; the same bits
+        on every call of one compiled loop). Default none: every operation as written.
     """
     digest = hashlib.sha256()
+    if fastmath:
+        digest.update(repr(sorted(fastmath)).encode())
     for func in (loop, *compiled_from):
         digest.update(inspect.getsource(func).encode())
         for name in sorted(set(func.__code__.co_names)):
@@ -98,9 +104,9 @@ def compile_loop(loop: Callable[..., Any], callees: dict[str, Callable[..., Any]
     clone.__module__ = loop.__module__
     njit = _numba().njit
     try:
-        return njit(nogil=True, boundscheck=False, error_model="numpy", cache=True)(clone)
+        return njit(nogil=True, boundscheck=False, error_model="numpy", fastmath=set(fastmath) or False, cache=True)(clone)
     except RuntimeError:  # no cache locator (read-only install, no writable home): compile per process
-        return njit(nogil=True, boundscheck=False, error_model="numpy")(clone)
+        return njit(nogil=True, boundscheck=False, error_model="numpy", fastmath=set(fastmath) or False)(clone)
 
 
 def float32_twin(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -287,8 +287,12 @@ def test_rollouts_with_few_or_many_trajectories_a_row_take_either_loop_variant_w
     blocked = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
     monkeypatch.setattr(mlp_compiled, "PER_ENV_WEIGHTS_BELOW", 1)  # the rows' own weights over their segments
     per_row = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
-    for a, b, c in zip(default, blocked, per_row, strict=True):
-        assert torch.equal(a, b) and torch.equal(a, c)
+    monkeypatch.setattr(mlp_compiled, "SEGMENT_BLOCK", 30)  # segments in blocks of 2 rows (5 rows: 2, 2, 1)
+    per_row_blocked = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    monkeypatch.setattr(mlp_compiled, "SEGMENT_BLOCK", 1)  # one row at a time
+    one_row = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    for a, *others in zip(default, blocked, per_row, per_row_blocked, one_row, strict=True):
+        assert all(torch.equal(a, b) for b in others)
 
 
 def test_compiled_policy_gradient_of_a_network_with_four_inputs_matches_autograd():

@@ -320,6 +320,11 @@ def test_env_rollout_alive_is_the_shared_episode_mask():
     patterns = torch.tensor([[(k >> t) & 1 for t in range(6)] for k in range(64)], dtype=torch.bool)
     assert torch.equal(alive_mask(patterns), _cumsum_alive(patterns))
     assert torch.equal(alive_mask(patterns[:, :1]), torch.ones(64, 1, dtype=torch.bool))
+    # a batch in which nothing terminates before its last step (the scan is skipped): every step alive
+    last_only = torch.zeros(3, 4, 7, dtype=torch.bool)
+    last_only[..., -1] = True
+    for batch in (torch.zeros(3, 4, 7, dtype=torch.bool), last_only, last_only.float()):
+        assert torch.equal(alive_mask(batch), torch.ones(3, 4, 7, dtype=torch.bool))
     # on a real rollout (time axis a non-contiguous view) as well
     traj = FederatedVecEnv("CartPole-v1", 3, agent_kwargs=[{}, {}], seed=0, autoreset=False).rollout(
         lambda obs: torch.ones(obs.shape[:2], dtype=torch.long), n_steps=40

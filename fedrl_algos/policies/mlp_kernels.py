@@ -51,6 +51,7 @@ from fedrl_algos.policies.mlp_compiled import (
     compiled_rollout_applies,
 )
 from fedrl_algos.policies.mlp_compiled import unpack_weights as _unpack
+from fedrl_algos.policies.mlp_compiled_hvp import compiled_hvp, compiled_hvp_applies
 from fedrl_envs.core import repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -300,8 +301,13 @@ def mlp_hvp(
     processes its rewarded trajectories first, in tiles of a fixed number of trajectories, and
     stops after the tile holding its last rewarded one (rows are grouped by that count). A row's
     result therefore depends only on its own data, not on the rest of the batch.
+
+    With ``kernels="numba"`` (float32 on the CPU) the compiled loops of
+    :mod:`~fedrl_algos.policies.mlp_compiled_hvp` compute it instead (the same quantity, rounded differently).
     """
     _check(policy)
+    if chunk_samples is None and compiled_hvp_applies(policy, theta, traj, v, weights):
+        return compiled_hvp(policy, theta, traj, v, weights, coupling)
     _, batch, rows, th, m, steps, mask, weight, obs, actions = _prepare(policy, theta, traj, weights)
     total_samples = chunk_samples or CHUNK_SAMPLES
     per_row = max(1, min(m, max(1, total_samples // 8) // max(1, steps)))
