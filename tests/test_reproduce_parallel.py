@@ -119,6 +119,41 @@ def test_curvature_local_steps_with_threads_equal_the_serial_steps():
     assert torch.equal(thetas[1], thetas[2])
 
 
+@pytest.mark.parametrize("kernels", ["torch", "numba"])
+def test_curvature_evaluation_in_row_parts_equals_one_batch(kernels):
+    """``MetaSweep.evaluate`` splits its rows across the workers: the numbers of one batch, the streams left alike."""
+    from fedrl_algos.core.estimators import policy_gradient
+    from fedrl_algos.reproduce.neural import evaluate_rows
+
+    if kernels == "numba":
+        pytest.importorskip("numba")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runs = {}
+        for workers in (1, 2, 3):
+            sweep = MetaSweep(arc_policy(kernels=kernels), range(2), [20, None], workers=workers)
+            sweep.round()
+            first, second = sweep.evaluate(32, 40), sweep.evaluate(8, 8)
+            runs[workers] = (first, second, sweep.federation.eval_streams.counters.clone())
+        # the batch as one: the adaptation rollout, its gradient and both evaluations over every row
+        sweep = MetaSweep(arc_policy(kernels=kernels), range(2), [20, None], workers=1)
+        sweep.round()
+        fed = sweep.federation
+        pre = fed.broadcast(sweep.theta)
+        post = pre + sweep.alpha * policy_gradient(sweep.policy, pre, sweep.eval_sampler(pre, 32), sweep.gamma)
+        want = [evaluate_rows(sweep.family, fed.row_params, sweep.policy, th, fed.eval_streams, 40) for th in (pre, post)]
+    finally:
+        torch.set_num_threads(before)
+    shape = (2, 2, 6)
+    assert torch.equal(runs[1][0]["return_pre"], want[0][0].reshape(shape))
+    assert torch.equal(runs[1][0]["success_post"], want[1][1].reshape(shape))
+    for workers in (2, 3):
+        for a, b in zip(runs[1][:2], runs[workers][:2], strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert torch.equal(runs[1][2], runs[workers][2])
+
+
 @needs_fork
 @pytest.mark.parametrize("kernels", ["torch", "numba"])
 def test_fewshot_with_the_seeds_split_across_processes_equals_the_serial_run(kernels):

@@ -377,17 +377,32 @@ class MetaSweep:
         average ``eval_trajectories`` rollouts per agent; all from the federation's evaluation streams.
         """
         fed = self.federation
-        params = fed.row_params
         pre_theta = fed.broadcast(self.theta)
-        post_theta = pre_theta
-        if self.alpha > 0 and adapt_trajectories > 0:
-            traj = self.eval_sampler(pre_theta, adapt_trajectories)
-            post_theta = pre_theta + self.alpha * policy_gradient(self.policy, pre_theta, traj, self.gamma)
-        out = {}
-        for name, theta in (("pre", pre_theta), ("post", post_theta)):
-            ret, succ = evaluate_rows(self.family, params, self.policy, theta, fed.eval_streams, eval_trajectories)
-            shape = (self.n_settings, self.n_seeds, self.n_agents)
-            out[f"return_{name}"], out[f"success_{name}"] = ret.reshape(shape), succ.reshape(shape)
+        n_rows = pre_theta.shape[0]
+
+        def evaluate_part(rows: slice) -> tuple[dict[str, torch.Tensor], RandomStreams]:
+            # rows (setting, seed) of the federation: their streams copied, their agents' tasks
+            streams = fed.eval_streams[rows]
+            params = index_params(fed.row_params, torch.arange(rows.start * self.n_agents, rows.stop * self.n_agents))
+            pre = pre_theta[rows]
+            post = pre
+            if self.alpha > 0 and adapt_trajectories > 0:
+                traj = fast_rollout(self.family, params, self.policy, pre, streams, adapt_trajectories)
+                post = pre + self.alpha * policy_gradient(self.policy, pre, traj, self.gamma)
+            part = {}
+            for name, theta in (("pre", pre), ("post", post)):
+                part[f"return_{name}"], part[f"success_{name}"] = evaluate_rows(
+                    self.family, params, self.policy, theta, streams, eval_trajectories)
+            return part, streams
+
+        # Every row's rollouts, gradient and evaluation depend on its own streams only, so halves of
+        # the rows run on the two threads with the numbers of one batch (tested).
+        bounds = [round(k * n_rows / self.workers) for k in range(self.workers + 1)]
+        parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+        results = run_threaded([functools.partial(evaluate_part, rows) for rows in parts], self.workers)
+        shape = (self.n_settings, self.n_seeds, self.n_agents)
+        out = {key: torch.cat([part[key] for part, _ in results]).reshape(shape) for key in results[0][0]}
+        fed.eval_streams.counters = torch.cat([streams.counters for _, streams in results])
         return out
 
 
@@ -445,12 +460,12 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
     config_class = CurvatureConfig
 
     def estimate_wall_time(self, config: CurvatureConfig, seeds: int) -> WallTimeEstimate:
-        # 10 seeds, 150 rounds, 7 settings (6 m_h and first order): 294 s wall with the compiled
-        # kernels (docs/benchmarks.md), 502 s wall with the torch kernels (docs/reproduction.md)
+        # 10 seeds, 150 rounds, 7 settings (6 m_h and first order): 305-350 s wall with the compiled
+        # kernels (docs/benchmarks.md, compiled curvature products), 502 s with the torch kernels (docs/reproduction.md)
         settings = len(config.m_hs) * len(config.estimators) + 1
         scales = {"seeds": (seeds, 10), "rounds": (config.rounds, 150), "settings": (settings, 7)}
         if resolve_kernels(config.kernels) == "numba":
-            return linear_estimate(self.name, 294.0, scales, "docs/benchmarks.md, compiled kernels")
+            return linear_estimate(self.name, 320.0, scales, "docs/benchmarks.md, compiled kernels")
         return linear_estimate(self.name, 502.0, scales, "docs/reproduction.md")
 
     def run(self, config: CurvatureConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
