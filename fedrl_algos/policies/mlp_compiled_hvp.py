@@ -139,22 +139,26 @@ def _run_tiles(policy, th, vv, x, acts, psi, mask, row_start, steps, coupling, t
 # --------------------------------------------------------------------------------------------
 
 
+def _affine(w, b, inputs, lo, hi, out):
+    """``out[j, lo:hi] = b[j] + Σ_i w[i, j] inputs[i, lo:hi]`` for one row's weights ``w [in, out]``."""
+    n = hi - lo
+    for j in range(w.shape[1]):
+        row = out[j, lo:hi]  # 1-D views looped from 0: no negative-index checks, so the loops vectorize
+        bj = b[j]
+        for c in range(n):
+            row[c] = bj
+        for i in range(w.shape[0]):
+            wij = w[i, j]
+            xi = inputs[i, lo:hi]
+            for c in range(n):
+                row[c] += wij * xi[c]
+
+
 def _pre_activations(a1, a1b, x, seg_rows, seg_lo, seg_hi, out):
     """``out[j, c] = Σ_k a1[r, k, j] x[k, c] + a1b[r, j]`` (``2z``, the argument of ``σ(2z)``)."""
-    n_in, n_hidden = a1.shape[1], a1.shape[2]
     for k in range(seg_rows.shape[0]):
-        r, lo, hi = seg_rows[k], seg_lo[k], seg_hi[k]
-        n = hi - lo
-        for j in range(n_hidden):
-            row = out[j, lo:hi]  # 1-D views looped from 0: no negative-index checks, so the loops vectorize
-            b = a1b[r, j]
-            for c in range(n):
-                row[c] = b
-            for i in range(n_in):
-                w = a1[r, i, j]
-                xi = x[i, lo:hi]
-                for c in range(n):
-                    row[c] += w * xi[c]
+        r = seg_rows[k]
+        affine(a1[r], a1b[r], x, seg_lo[k], seg_hi[k], out)  # noqa: F821 (bound by _HvpLoops)
 
 
 def _units_and_logits(sig, w2, b2, seg_rows, seg_lo, seg_hi, hid, out):
@@ -168,16 +172,7 @@ def _units_and_logits(sig, w2, b2, seg_rows, seg_lo, seg_hi, hid, out):
             sj, hj = sig[j, lo:hi], hid[j, lo:hi]
             for c in range(n):
                 hj[c] = two * sj[c] - one
-        for q in range(n_out):
-            oq = out[q, lo:hi]
-            b = b2[r, q]
-            for c in range(n):
-                oq[c] = b
-            for j in range(n_hidden):
-                w = w2[r, j, q]
-                hj = hid[j, lo:hi]
-                for c in range(n):
-                    oq[c] += w * hj[c]
+        affine(w2[r], b2[r], hid, lo, hi, out)  # noqa: F821 (bound by _HvpLoops)
         top = out[0, lo:hi].copy()
         for q in range(1, n_out):
             oq = out[q, lo:hi]
@@ -359,11 +354,12 @@ def _curvature(exps, sig, hid, x, actions, psi, mask, w2, v1, c1, v2, c2, seg_ro
 
 class _HvpLoops:
     def __init__(self) -> None:
-        from fedrl_envs.fused import compile_loop
+        from fedrl_envs.fused import compile_loop, inline
 
         fast = frozenset({"reassoc", "contract"})
-        self.pre_activations = compile_loop(_pre_activations, {}, fastmath=fast)
-        self.units_and_logits = compile_loop(_units_and_logits, {}, fastmath=fast)
+        affine = {"affine": inline(_affine)}
+        self.pre_activations = compile_loop(_pre_activations, affine, (_affine,), fastmath=fast)
+        self.units_and_logits = compile_loop(_units_and_logits, affine, (_affine,), fastmath=fast)
         self.curvature = compile_loop(_curvature, {}, fastmath=fast)
 
 
