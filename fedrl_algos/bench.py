@@ -500,6 +500,15 @@ def _add_mujoco_target(targets: argparse._SubParsersAction) -> None:
 BENCH_TARGETS.append(_add_mujoco_target)
 
 
+def _add_kernels_target(targets: argparse._SubParsersAction) -> None:
+    from fedrl_algos.bench_kernels import add_kernels_target
+
+    add_kernels_target(targets)
+
+
+BENCH_TARGETS.append(_add_kernels_target)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
     bench = subparsers.add_parser(
@@ -509,7 +518,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO), "
         "fedrl bench reference (training rounds vs the papers' reference implementations), "
         "fedrl bench memory (peak RSS of rollouts at growing envs x steps), "
-        "fedrl bench mujoco (training env steps/s on a MuJoCo env vs SB3's PPO). Every target prints its peak RSS.",
+        "fedrl bench mujoco (training env steps/s on a MuJoCo env vs SB3's PPO), "
+        "fedrl bench kernels (the arc policy's compiled kernels vs its torch kernels). Every target prints its peak RSS.",
     )
     targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:

@@ -1,0 +1,163 @@
+"""``fedrl bench kernels``: the arc policy's compiled kernels against its torch kernels, in one process.
+
+The neural experiments' batch: the paper's 2 → 32 tanh → 8 softmax network on arc navigation,
+``rows`` agents (default 60: 10 seeds × 6 training goals), each with its own parameters (the shared
+initialization plus seeded noise of scale ``--spread``, so that the policies are far from uniform and
+a realistic share of trajectories reaches the goal). For every trajectory count ``m`` it times,
+for ``FastMlpPolicy(kernels="torch")`` and ``kernels="numba"`` alternately (``repeats`` times,
+medians):
+
+* **rollout** — ``m`` trajectories a row (:func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`);
+* **policy gradient** — the REINFORCE/GPOMDP estimate of those trajectories;
+* **curvature product** — the exact variant's ``Ĥv`` (:func:`~fedrl_algos.core.curvature.curvature_vector_product`)
+  with the paper's estimator (only rewarded trajectories count) and with the causal one (every
+  trajectory weighted by its baseline).
+
+Both kernels get the same trajectories (the torch kernels' rollout) for the gradient and curvature
+timings, so they do the same work. Each row reports both times and the ratio torch / numba.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
+
+__all__ = ["KernelBenchRecord", "bench_kernels", "add_kernels_target", "OPERATIONS"]
+
+#: what is timed, in table order
+OPERATIONS = ("rollout", "policy gradient", "curvature (paper)", "curvature (causal)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelBenchRecord:
+    """One operation at one batch: median seconds of each kernel choice."""
+
+    operation: str
+    rows: int
+    trajectories: int
+    rewarded_fraction: float
+    torch_seconds: float
+    numba_seconds: float
+    repeats: int
+
+    @property
+    def speedup(self) -> float:
+        """torch / numba: how many times faster the compiled kernels are."""
+        return self.torch_seconds / self.numba_seconds
+
+
+def _median_alternating(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each call, the calls alternated ``repeats`` times after one warm-up each."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repeats: int = 5, spread: float = 0.3,
+                  seed: int = 0, show: bool = True) -> list[KernelBenchRecord]:
+    """Time the arc policy's torch and compiled kernels side by side (module docstring).
+
+    :param trajectories: trajectory counts ``m`` a row
+    :param rows: agents (rows), each with its own parameters
+    :param repeats: timings of each kernel, alternated; medians reported
+    :param spread: scale of the seeded noise added to the shared initialization
+    :param seed: seed of that noise, the streams and the direction
+    :param show: print the table
+    """
+    import torch
+
+    from fedrl_algos.core.curvature import curvature_vector_product
+    from fedrl_algos.core.estimators import policy_gradient
+    from fedrl_algos.policies import FastMlpPolicy
+    from fedrl_algos.policies.mlp_kernels import mlp_rollout
+    from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, stack_params
+    from fedrl_envs.fused import numba_available
+
+    if not numba_available():
+        raise RuntimeError('fedrl bench kernels needs Numba (pip install "fedrl[fast]")')
+    task = ARC_NAVIGATION.train_tasks[0]
+    policies = {k: FastMlpPolicy(ARC_NAVIGATION.observation_space(task), ARC_NAVIGATION.action_space(task), kernels=k)
+                for k in ("torch", "numba")}
+    gen = torch.Generator().manual_seed(seed)
+    base = policies["torch"].theta.detach()
+    theta = base + spread * torch.randn(rows, base.numel(), generator=gen)
+    v = 0.01 * torch.randn(rows, base.numel(), generator=gen)
+    tasks = ARC_NAVIGATION.train_tasks
+    params = stack_params([tasks[r % len(tasks)] for r in range(rows)])
+    keys = derive_keys(torch.tensor(seed), torch.arange(rows))
+    gamma = 0.9
+    records = []
+    for m in trajectories:
+        def roll(kernels: str, m: int = m) -> object:
+            return mlp_rollout(ARC_NAVIGATION, params, policies[kernels], theta, RandomStreams(keys), m)
+
+        traj = roll("torch")
+        rewarded = float((traj.rewards.sum(-1) > 0).double().mean())
+        operations: dict[str, Callable[[str], object]] = {
+            "rollout": roll,
+            "policy gradient": lambda k, t=traj: policy_gradient(policies[k], theta, t, gamma),
+            "curvature (paper)": lambda k, t=traj: curvature_vector_product(policies[k], theta, t, v, gamma, "paper"),
+            "curvature (causal)": lambda k, t=traj: curvature_vector_product(policies[k], theta, t, v, gamma, "causal"),
+        }
+        for name in OPERATIONS:
+            run = operations[name]
+            medians = _median_alternating({k: (lambda k=k, run=run: run(k)) for k in policies}, repeats)
+            records.append(KernelBenchRecord(name, rows, m, rewarded, medians["torch"], medians["numba"], repeats))
+    if show:
+        print_kernels_table(records)
+    return records
+
+
+def print_kernels_table(records: Sequence[KernelBenchRecord]) -> None:
+    """Print the records with the speed-up of the compiled kernels."""
+    import torch
+
+    lines = [["operation", "rows x trajectories", "rewarded", "torch ms", "numba ms", "torch/numba"]] + [
+        [r.operation, f"{r.rows} x {r.trajectories}", f"{r.rewarded_fraction:.0%}", f"{1e3 * r.torch_seconds:.2f}",
+         f"{1e3 * r.numba_seconds:.2f}", f"{r.speedup:.2f}x"]
+        for r in records
+    ]
+    print_columns(lines)
+    repeats = records[0].repeats if records else 0
+    print(f"arc navigation, the paper's 2-32-8 softmax network, float32; medians of {repeats} alternated calls after a "
+          f"warm-up; {torch.get_num_threads()} torch threads; method: fedrl_algos/bench_kernels.py")
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    set_threads(args.threads)
+    trajectories = (10, 50) if args.quick else args.trajectories
+    records = bench_kernels(trajectories, rows=6 if args.quick else args.rows, repeats=1 if args.quick else args.repeats,
+                            spread=args.spread, seed=args.seed)
+    finish_bench(args.json, [dataclasses.asdict(r) | {"speedup": r.speedup} for r in records])
+    return 0
+
+
+def add_kernels_target(targets: argparse._SubParsersAction) -> None:
+    """Add ``fedrl bench kernels`` to the bench sub-commands."""
+    p = targets.add_parser(
+        "kernels",
+        help="the arc policy's compiled (numba) kernels vs its torch kernels: rollout, gradient, curvature product",
+        description="Rollouts, policy gradients and curvature products of the paper's arc-navigation network "
+        "with FastMlpPolicy(kernels='numba') next to kernels='torch', alternated in one process.",
+    )
+    p.add_argument("--trajectories", type=positive_int, nargs="+", default=[10, 1000],
+                   help="trajectories a row (default 10 1000: a local step's batch and the largest Hessian batch)")
+    p.add_argument("--rows", type=positive_int, default=60, help="agents, each with its own parameters (default 60)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="alternated timings of each kernel; medians (default 5)")
+    p.add_argument("--spread", type=float, default=0.3, help="noise added to the shared initialization (default 0.3)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 6 rows, 10 and 50 trajectories, one timing")
+    p.add_argument("--seed", type=int, default=0, help="seed of the parameters, streams and direction")
+    p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
+    p.set_defaults(func=_cmd)
