@@ -383,7 +383,8 @@ class MetaSweep:
         def evaluate_part(rows: slice) -> tuple[dict[str, torch.Tensor], RandomStreams]:
             # rows (setting, seed) of the federation: their streams copied, their agents' tasks
             streams = fed.eval_streams[rows]
-            params = index_params(fed.row_params, torch.arange(rows.start * self.n_agents, rows.stop * self.n_agents))
+            params = index_params(fed.row_params, torch.arange(rows.start * self.n_agents, rows.stop * self.n_agents,
+                                                                   device=self.device))
             pre = pre_theta[rows]
             post = pre
             if self.alpha > 0 and adapt_trajectories > 0:
