@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.policies.mlp_compiled import _plain_float32, numba_available, resolve_kernels, unpack_weights
+from fedrl_algos.policies.mlp_compiled import _plain_float32, compiled_gradient_applies, unpack_weights
 
 __all__ = ["compiled_hvp", "compiled_hvp_applies", "HVP_TILE_SAMPLES", "HVP_BLOCK_TRAJECTORIES"]
 
@@ -46,15 +46,9 @@ _COUPLING_CODES = {"paper": 0, "lvc": 1, "causal": 2}
 
 
 def compiled_hvp_applies(policy: Any, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> bool:
-    """Whether :func:`compiled_hvp` applies: the policy's kernels resolve to ``"numba"``, float32 CPU
-    tensors without gradients (parameters, direction, weights, observations), integer actions."""
-    return (
-        resolve_kernels(getattr(policy, "kernels", "torch"), theta.device) == "numba"
-        and _plain_float32(theta) and _plain_float32(weights) and _plain_float32(v.expand_as(theta))
-        and traj.obs.device.type == "cpu" and not traj.obs.requires_grad and traj.obs.is_floating_point()
-        and traj.actions.device.type == "cpu" and not traj.actions.is_floating_point() and traj.actions.dtype != torch.bool
-        and numba_available()
-    )
+    """Whether :func:`compiled_hvp` applies: where the compiled policy gradient applies
+    (:func:`~fedrl_algos.policies.mlp_compiled.compiled_gradient_applies`) with a float32 CPU direction."""
+    return _plain_float32(v.expand_as(theta)) and compiled_gradient_applies(policy, theta, traj, weights)
 
 
 def compiled_hvp(
@@ -106,8 +100,10 @@ def _run_tiles(policy, th, vv, x, acts, psi, mask, row_start, steps, coupling, t
     # trajectories after it; tiles are runs of whole blocks. A row's float32 block sums, hence its
     # result, then depend on its own samples only, not on the tiling or on the other rows.
     block = HVP_BLOCK_TRAJECTORIES * steps
-    block_starts = np.concatenate([np.arange(row_start[r], row_start[r + 1], block) for r in range(len(row_start) - 1)]
-                                  + [row_start[-1:]])
+    blocks_per_row = -(-np.diff(row_start) // block)  # ceil: a row's last block may be shorter
+    first_block = np.cumsum(blocks_per_row) - blocks_per_row
+    within = np.arange(int(blocks_per_row.sum())) - np.repeat(first_block, blocks_per_row)
+    block_starts = np.append(np.repeat(row_start[:-1], blocks_per_row) + within * block, row_start[-1])
     per_tile = max(1, tile_samples // block)
     cuts = block_starts[::per_tile]
     if cuts[-1] != row_start[-1]:
