@@ -32,6 +32,8 @@ from gymnasium import spaces
 from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
+from fedrl_algos.policies.mlp_compiled import check_kernels
+from fedrl_algos.policies.tabular_compiled import compiled_walk, compiled_walk_applies
 from fedrl_envs.core import TaskFamily, alive_mask, repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -44,20 +46,34 @@ PROBS_CACHE_SIZE = 4
 class TabularPolicy(CategoricalMixin, FlatPolicy):
     """Per-state softmax ``π(a|s) = softmax(θ[s, :])`` for ``Discrete`` observations and actions.
 
+    ``kernels="numba"`` walks the tabulated rollouts' time loop as one compiled loop
+    (:mod:`.tabular_compiled`; float32 parameters on the CPU): the same trajectories bit for bit,
+    about 2× faster rollouts at the gridworld experiments' batches; ``"auto"`` is ``"numba"`` where
+    Numba is installed. Elsewhere (CUDA, float64, gradients through θ) the torch loop runs.
+
     :param observation_space: ``Discrete(S)``
     :param action_space: ``Discrete(A)``
     :param dtype: parameter dtype
+    :param kernels: ``"torch"`` (default), ``"numba"`` or ``"auto"``
     """
 
-    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32,
+                 kernels: str = "torch") -> None:
         if not isinstance(observation_space, spaces.Discrete) or not isinstance(action_space, spaces.Discrete):
             raise ValueError(
                 f"policy TabularPolicy needs Discrete observation and action spaces, got {observation_space} and {action_space}"
             )
+        self.kernels = check_kernels(kernels)
         self.n_states = int(observation_space.n)
         self.n_actions = int(action_space.n)
         super().__init__(observation_space, action_space, dtype)
         self._probs_cache: list[tuple[weakref.ref, int, torch.Tensor]] = []
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        if self.kernels != "torch":  # only when set: files of the default policy stay loadable by earlier versions
+            data.update(kernels=self.kernels)
+        return data
 
     @property
     def n_params(self) -> int:
@@ -302,32 +318,43 @@ def tabular_rollout(
     m, steps = int(n_trajectories), int(horizon) + 1
     s, a, n_rows = model.n_states, model.n_actions, model.n_rows
     n, dtype, device = n_rows * m, theta.dtype, theta.device
+    compiled = compiled_walk_applies(policy, theta, streams)
     # Random numbers in the generic order: reset noise (float32, RandomStreams.uniform's default),
-    # then m uniforms of θ's dtype per step (drawn as one [T, m] block: the same counters).
-    noise, u = _draw_uniforms(streams, m * family.reset_noise_dim, steps * m, dtype)
-    state = family.reset(repeat_params(params, m), noise.reshape(n, -1))
-    u = u.reshape(n_rows, steps, m).transpose(0, 1).reshape(steps, 1, n)
-    # Inverse CDF per state; the last column is dropped: (cdf < u).sum() clamped to A - 1 equals
-    # the count over the first A - 1 columns because a cumulative sum never decreases. The table is
-    # kept column-major ([A - 1, rows·S]) so that the per-step gather, comparison and count run
-    # along contiguous sample rows (2.4× faster than on [samples, A - 1]; the same integers).
-    cdf = policy.probs_table(theta).reshape(n_rows * s, a).cumsum(-1)[:, : a - 1].t().contiguous()
-    pos = state.to(torch.int64) + torch.arange(n_rows, device=device).repeat_interleave(m) * s
-    keys = []
-    for t in range(steps):
-        action = (cdf.index_select(1, pos) < u[t]).sum(0)
-        key = torch.add(action, pos, alpha=a)  # (row · S + s) · A + a
-        keys.append(key)
-        pos = model.next_pos.index_select(0, key)
-    key = torch.stack(keys, dim=1)  # [n, T]
-    flat = key.reshape(-1)
-    actions = model.action_of.index_select(0, flat).view(key.shape)
-    obs = model.state_of.index_select(0, flat).view(key.shape).to(state.dtype)
-    if model.any_terminal:
-        mask = alive_mask(model.terminated.index_select(0, flat).view(key.shape)).to(dtype)
-        rewards = model.reward.index_select(0, flat).view(key.shape).to(dtype) * mask
+    # then m uniforms of θ's dtype per step (drawn as one [T, m] block: the same counters; the
+    # compiled loop hashes each where it uses it).
+    if compiled:
+        noise = streams.uniform((m * family.reset_noise_dim,))
     else:
-        mask = torch.ones(key.shape, dtype=dtype, device=device)
-        rewards = model.reward.index_select(0, flat).view(key.shape).to(dtype)  # × a mask of ones: unchanged
+        noise, u = _draw_uniforms(streams, m * family.reset_noise_dim, steps * m, dtype)
+    state = family.reset(repeat_params(params, m), noise.reshape(n, -1))
+    pos = state.to(torch.int64) + torch.arange(n_rows, device=device).repeat_interleave(m) * s
+    # Inverse CDF per state; the last column is dropped: (cdf < u).sum() clamped to A - 1 equals
+    # the count over the first A - 1 columns because a cumulative sum never decreases.
+    cdf = policy.probs_table(theta).reshape(n_rows * s, a).cumsum(-1)[:, : a - 1]
+    if compiled:
+        key, obs, actions, rewards = compiled_walk(cdf, model.next_pos, model.reward.to(dtype), pos, streams, m, steps, s, a,
+                                                   with_keys=model.any_terminal)
+        obs = obs.to(state.dtype)
+    else:
+        # Column-major ([A - 1, rows·S]) so that the per-step gather, comparison and count run
+        # along contiguous sample rows (2.4× faster than on [samples, A - 1]; the same integers).
+        cdf = cdf.t().contiguous()
+        u = u.reshape(n_rows, steps, m).transpose(0, 1).reshape(steps, 1, n)
+        keys = []
+        for t in range(steps):
+            action = (cdf.index_select(1, pos) < u[t]).sum(0)
+            key = torch.add(action, pos, alpha=a)  # (row · S + s) · A + a
+            keys.append(key)
+            pos = model.next_pos.index_select(0, key)
+        key = torch.stack(keys, dim=1)  # [n, T]
+        flat = key.reshape(-1)
+        actions = model.action_of.index_select(0, flat).view(key.shape)
+        obs = model.state_of.index_select(0, flat).view(key.shape).to(state.dtype)
+        rewards = model.reward.index_select(0, flat).view(key.shape).to(dtype)
+    if model.any_terminal:
+        mask = alive_mask(model.terminated.index_select(0, key.reshape(-1)).view(key.shape)).to(dtype)
+        rewards = rewards * mask
+    else:
+        mask = torch.ones(rewards.shape, dtype=dtype, device=device)  # × a mask of ones: rewards unchanged
     shape = (*theta.shape[:-1], m, steps)
     return Trajectories(obs=obs.reshape(shape), actions=actions.reshape(shape), rewards=rewards.reshape(shape), mask=mask.reshape(shape))

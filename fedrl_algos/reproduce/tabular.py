@@ -43,6 +43,7 @@ from fedrl_algos.core.federation import Federation
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import TabularPolicy
+from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
 from fedrl_algos.reproduce.common import (
     Experiment,
     ExperimentOutput,
@@ -132,9 +133,14 @@ class _TabularExperimentConfig(TabularConfig):
     workers: int = DEFAULT_WORKERS
     """parts of the program run at once on CPU: the methods' trainings, then the α values' exact
     evaluations (:mod:`fedrl_algos.reproduce.parallel`); the results do not depend on it"""
+    kernels: str = "auto"
+    """the tabular policy's rollout loop: ``"numba"`` (one compiled loop on the CPU,
+    :mod:`fedrl_algos.policies.tabular_compiled`), ``"torch"``, or ``"auto"`` (``"numba"`` on a CPU
+    with Numba installed); the results are bitwise the same"""
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        check_kernels(self.kernels)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods!r}")
@@ -219,6 +225,7 @@ def train_tabular(
     progress: bool = False,
     desc: str = "tabular",
     workers: int = 1,
+    kernels: str = "torch",
 ) -> dict[str, TabularResult]:
     """Train every method on every (α, seed) and evaluate F and f exactly at every round.
 
@@ -235,6 +242,8 @@ def train_tabular(
     ``workers = 1``.
 
     :param workers: parts of the program that may run at once (:mod:`fedrl_algos.reproduce.parallel`)
+    :param kernels: the policy's rollout loop (:class:`~fedrl_algos.policies.tabular.TabularPolicy`'s
+        ``kernels``; the same numbers)
     :return: one :class:`TabularResult` per method
     """
     device = torch.device(device)
@@ -253,7 +262,7 @@ def train_tabular(
     groups = balanced_groups(units, lambda u: (1 if u[0] == "fedavg" else len(u[1])) * n_seeds * cfg.trajectories_per_step(u[0]),
                              workers)
     tasks = [
-        functools.partial(_train_units, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc)
+        functools.partial(_train_units, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc, kernels)
         for k, group in enumerate(groups)
     ]
     trained = {unit: h for part in run_forked(tasks, workers, device) for unit, h in part.items()}
@@ -294,14 +303,14 @@ def train_tabular(
 
 def _train_units(
     units: Sequence[tuple[str, tuple[int, ...]]], seeds: list[int], alphas: list[float], cfg: TabularConfig,
-    device: torch.device, dtype: torch.dtype, progress: bool, desc: str,
+    device: torch.device, dtype: torch.dtype, progress: bool, desc: str, kernels: str = "torch",
 ) -> dict[tuple[str, tuple[int, ...]], torch.Tensor]:
     """Train each unit ``(method, α indices)`` as one federation (a meta-method's runs: those α × the
     seeds; FedAvg-PG's: the seeds) and return its server parameters ``[K+1, runs, d]``."""
     family = GRIDWORLD
     tasks = family.train_tasks
     n_seeds = len(seeds)
-    policy = TabularPolicy(family.observation_space(tasks[0]), family.action_space(tasks[0]), dtype=dtype).to(device)
+    policy = TabularPolicy(family.observation_space(tasks[0]), family.action_space(tasks[0]), dtype=dtype, kernels=kernels).to(device)
     params = params_to(stack_params(tasks), device)
     histories: dict[tuple[str, tuple[int, ...]], list[torch.Tensor]] = {}
     runs: dict[tuple[str, tuple[int, ...]], tuple[Federation, GradientEstimator, torch.Tensor]] = {}
@@ -412,7 +421,7 @@ def _seed_list(seeds: int) -> list[int]:
     return list(range(seeds))
 
 
-def _settings(cfg: _TabularExperimentConfig, seeds: list[int], alphas: Sequence[float]) -> dict[str, Any]:
+def _settings(cfg: _TabularExperimentConfig, seeds: list[int], alphas: Sequence[float], device: str) -> dict[str, Any]:
     return {
         "family": GRIDWORLD.env_id,
         "n_agents": len(GRIDWORLD.train_tasks),
@@ -431,6 +440,7 @@ def _settings(cfg: _TabularExperimentConfig, seeds: list[int], alphas: Sequence[
         "train_dtype": cfg.train_dtype,
         "eval": "exact dynamic programming (float64), every round",
         "cpu_threads": cfg.cpu_threads,
+        "kernels": resolve_kernels(cfg.kernels, device),
     }
 
 
@@ -439,7 +449,7 @@ def _run_training(seeds: list[int], alphas: Sequence[float], cfg: _TabularExperi
     threads = cfg.cpu_threads if torch.device(device).type == "cpu" else None
     with _intra_op_threads(threads):
         return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc,
-                             workers=cfg.workers)
+                             workers=cfg.workers, kernels=resolve_kernels(cfg.kernels, device))
 
 
 class PersonalizationExperiment(Experiment):
@@ -513,7 +523,7 @@ class PersonalizationExperiment(Experiment):
             f"Trajectories per agent per round: exact and FedAvg-PG {cfg.tau * cfg.trajectories_per_step('exact')}, first-order {cfg.tau * cfg.trajectories_per_step('first_order')}.",
             "Seed s keys the random streams of run s (per agent), so a seed's result is the same alone or in a batch; methods run with the same seed share their first random numbers (common random numbers).",
         ]
-        return ExperimentOutput(records, table, _settings(cfg, seed_list, [cfg.alpha]), notes)
+        return ExperimentOutput(records, table, _settings(cfg, seed_list, [cfg.alpha], device), notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         plt = _pyplot()
@@ -604,7 +614,7 @@ class AlphaExperiment(Experiment):
             "At α = 0 the three directions have the same expectation ∇J_i (Proposition 3), so the methods differ only by sampling noise: the exact variant's first local step even equals the first-order one (same streams), later steps differ because it also draws the Hessian batch.",
             "Spreads are population standard deviations over seeds.",
         ]
-        return ExperimentOutput(records, table, _settings(cfg, seed_list, list(alphas)), notes)
+        return ExperimentOutput(records, table, _settings(cfg, seed_list, list(alphas), device), notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
         plt = _pyplot()

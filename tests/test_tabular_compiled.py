@@ -1,0 +1,105 @@
+"""The compiled tabular rollout (``TabularPolicy(kernels="numba")``) against the torch loop, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+
+from fedrl_algos import PerFedAvgPG  # noqa: E402
+from fedrl_algos.core.sampling import rollout  # noqa: E402
+from fedrl_algos.policies import TabularPolicy  # noqa: E402
+from fedrl_algos.policies import tabular as tabular_module  # noqa: E402
+from fedrl_algos.policies.tabular import tabulate  # noqa: E402
+from fedrl_envs.core import stack_params  # noqa: E402
+from fedrl_envs.gridworld import GridWorldFamily  # noqa: E402
+from fedrl_envs.rng import RandomStreams  # noqa: E402
+
+GRIDWORLD = GridWorldFamily()
+
+
+class _EndingChain(GridWorldFamily):
+    """The gridworld with terminal transitions: entering the last row of the grid ends the episode."""
+
+    def step(self, state, action, params):
+        next_state, reward, _ = super().step(state, action, params)
+        return next_state, reward, next_state >= params.n_states - params.size
+
+
+@pytest.fixture
+def walks(monkeypatch):
+    """Counts the compiled walks that run (so a test cannot pass on the torch loop alone)."""
+    calls = []
+    real = tabular_module.compiled_walk
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tabular_module, "compiled_walk", spy)
+    return calls
+
+
+def _policies(family, task):
+    spaces = family.observation_space(task), family.action_space(task)
+    return TabularPolicy(*spaces), TabularPolicy(*spaces, kernels="numba")
+
+
+def _rollout_pair(family, runs, m, seed):
+    tasks = family.train_tasks
+    params = stack_params([t for _ in range(runs) for t in tasks])
+    torch_policy, numba_policy = _policies(family, tasks[0])
+    theta = 2.0 * torch.randn(runs * len(tasks), torch_policy.n_params, generator=torch.Generator().manual_seed(seed))
+    out = []
+    for policy in (torch_policy, numba_policy):
+        streams = RandomStreams.from_seed(seed, runs * len(tasks))
+        streams.advance(seed)  # counters away from zero
+        out.append((rollout(family, params, policy, theta, streams, m), streams))
+    return out
+
+
+@pytest.mark.parametrize("family", [GRIDWORLD, _EndingChain()], ids=["gridworld", "terminal"])
+@pytest.mark.parametrize("runs,m,seed", [(1, 1, 0), (3, 10, 1), (7, 33, 2)])
+def test_compiled_walk_gives_the_torch_loops_trajectories_and_counters(family, runs, m, seed, walks):
+    (a, streams_a), (b, streams_b) = _rollout_pair(family, runs, m, seed)
+    assert len(walks) == 1
+    for field in ("obs", "actions", "rewards", "mask"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and x.shape == y.shape, field
+        assert torch.equal(x, y), field
+    assert torch.equal(streams_a.counters, streams_b.counters)
+    if isinstance(family, _EndingChain):
+        assert bool((a.mask == 0).any()), "the terminal case should end some episodes early"
+        model = tabulate(family, stack_params(family.train_tasks), 25, 4)
+        assert model is not None and model.any_terminal
+
+
+def test_training_with_the_compiled_walk_is_bitwise_the_torch_loops_and_saves_its_kernels(tmp_path, walks):
+    def train(kernels):
+        model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=3, local_steps=2, policy_kwargs={"kernels": kernels})
+        return model.learn(total_rounds=3)
+
+    reference = train("torch")
+    assert not walks
+    compiled = train("numba")
+    assert walks
+    assert torch.equal(reference.theta, compiled.theta)
+    compiled.save(tmp_path / "m.zip")
+    loaded = PerFedAvgPG.load(tmp_path / "m.zip")
+    assert loaded.policy.kernels == "numba"
+    assert torch.equal(loaded.learn(total_rounds=1).theta, reference.learn(total_rounds=1).theta)
+
+
+def test_the_torch_loop_runs_where_the_compiled_walk_does_not_apply(walks):
+    torch_policy, numba_policy = _policies(GRIDWORLD, GRIDWORLD.train_tasks[0])
+    params = stack_params(GRIDWORLD.train_tasks)
+    theta = torch.randn(len(GRIDWORLD.train_tasks), torch_policy.n_params, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    trajectories = [rollout(GRIDWORLD, params, p, theta, RandomStreams.from_seed(0, theta.shape[0]), 4) for p in (torch_policy, numba_policy)]
+    assert torch.equal(trajectories[0].actions, trajectories[1].actions)
+    assert not walks  # float64 parameters: both ran the torch loop
+
+
+def test_bad_kernels_are_refused():
+    with pytest.raises(ValueError, match="kernels"):
+        TabularPolicy(GRIDWORLD.observation_space(GRIDWORLD.train_tasks[0]), GRIDWORLD.action_space(GRIDWORLD.train_tasks[0]), kernels="fast")
