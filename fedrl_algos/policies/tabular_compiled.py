@@ -24,22 +24,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrl_envs.rng import RandomStreams, uniform32_of_finalizer_input_numpy
+from fedrl_envs.rng import _U64_GOLDEN, RandomStreams, uniform32_of_finalizer_input_numpy
 
 __all__ = ["compiled_walk_applies", "compiled_walk"]
 
 _U64_ONE = np.uint64(1)
-_U64_GOLDEN = np.uint64(-7046029254386353131 % 2**64)  # the streams' increment (fedrl_envs.rng._GOLDEN)
 
 
 def _walk(cdf, next_pos, reward, start, stream_keys, counters, m, n_states, n_actions, keys, obs, actions, rewards):
     """Row ``r``'s ``m`` trajectories from the cells ``start[r·m:(r+1)·m]``, stepped side by side.
 
     Sample ``(n = r·m + i, t)`` gets its cell within the row, its action, ``reward[key]`` and,
-    where ``keys`` has rows, ``keys[n, t]`` = key = cell·A + action (cells offset by row·S). Its uniform is word ``t·m + i`` of stream
-    ``r`` from ``counters[r]`` (the torch loop's ``[steps, m]`` block of one draw); the action
-    counts the entries of the cell's CDF row below it (``cdf[cell, :A-1]``). The ``m`` trajectories
-    of a row advance one step at a time, so their independent lookups overlap in the pipeline.
+    where ``keys`` has rows, ``keys[n, t]`` = key = cell·A + action (cells offset by row·S). Its
+    uniform is word ``t·m + i`` of stream ``r`` from ``counters[r]`` (the torch loop's
+    ``[steps, m]`` block of one draw); the action counts the entries of the cell's CDF row below it
+    (``cdf[cell, :A-1]``). The ``m`` trajectories of a row advance one step at a time, so their
+    independent lookups overlap in the pipeline.
     """
     n_cut = cdf.shape[1]
     steps = obs.shape[1]

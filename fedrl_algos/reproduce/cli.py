@@ -197,8 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="fewshot: baseline of the adaptation gradient (meta-training's inner step and the held-out step): "
                         "none (the paper's, default), loo (leave-one-out time-dependent mean reward-to-go, unbiased) or mean")
     parser.add_argument("--kernels", choices=["auto", "torch", "numba"], default=None,
-                        help="fewshot, curvature, rollouts: the arc policy's rollout and gradient kernels on CPU; alpha, personalization: the tabular rollout loop (the same numbers). numba (compiled "
-                        "loops, pip install 'fedrl[fast]'), torch, or auto (default: numba where Numba is installed); the two give "
-                        "statistically the same results, not bitwise the same numbers")
+                        help="the kernels on CPU: numba (compiled loops, pip install 'fedrl[fast]'), torch, or auto (default: numba "
+                        "where Numba is installed). fewshot, curvature, rollouts: the arc policy's rollouts and gradients (the two give "
+                        "statistically the same results, not bitwise the same numbers); alpha, personalization: the tabular policy's "
+                        "rollout loop (bitwise the same numbers)")
     parser.set_defaults(func=cmd_reproduce)
 
