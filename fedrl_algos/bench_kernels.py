@@ -15,6 +15,12 @@ medians):
 
 Both kernels get the same trajectories (the torch kernels' rollout) for the gradient and curvature
 timings, so they do the same work. Each row reports both times and the ratio torch / numba.
+
+Then the **tabular rollout** of the Per-FedAvg-PG gridworld experiments (``alpha``,
+``personalization``): ``TabularPolicy(kernels="torch")`` against ``kernels="numba"`` (the compiled
+time loop of :mod:`fedrl_algos.policies.tabular_compiled`, bitwise the same trajectories) on
+``tabular_runs`` runs × the 8 training goals, each row with its own random logits, through the
+policy's tabulated rollout plan as the trainings use it.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from collections.abc import Callable, Sequence
 
 from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
 
-__all__ = ["KernelBenchRecord", "bench_kernels", "add_kernels_target", "OPERATIONS"]
+__all__ = ["KernelBenchRecord", "bench_kernels", "add_kernels_target", "OPERATIONS", "TABULAR_OPERATION"]
 
 #: what is timed, in table order
 OPERATIONS = ("rollout", "policy gradient", "curvature (paper)", "curvature (causal)")
+#: the tabular policy's operation, timed after the arc policy's
+TABULAR_OPERATION = "tabular rollout"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +73,9 @@ def _median_alternating(calls: dict[str, Callable[[], object]], repeats: int) ->
 
 
 def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repeats: int = 5, spread: float = 0.3,
-                  seed: int = 0, show: bool = True) -> list[KernelBenchRecord]:
-    """Time the arc policy's torch and compiled kernels side by side (module docstring).
+                  seed: int = 0, show: bool = True, tabular_trajectories: Sequence[int] = (10, 30),
+                  tabular_runs: int = 60) -> list[KernelBenchRecord]:
+    """Time the arc policy's and the tabular policy's torch and compiled kernels side by side (module docstring).
 
     :param trajectories: trajectory counts ``m`` a row
     :param rows: agents (rows), each with its own parameters
@@ -74,6 +83,8 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
     :param spread: scale of the seeded noise added to the shared initialization
     :param seed: seed of that noise, the streams and the direction
     :param show: print the table
+    :param tabular_trajectories: trajectory counts ``m`` a row of the tabular rollouts (none: not timed)
+    :param tabular_runs: runs of the tabular rollouts, each of the gridworld's 8 training goals
     """
     import torch
 
@@ -114,8 +125,35 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
             run = operations[name]
             medians = _median_alternating({k: (lambda k=k, run=run: run(k)) for k in policies}, repeats)
             records.append(KernelBenchRecord(name, rows, m, rewarded, medians["torch"], medians["numba"], repeats))
+    records += _bench_tabular(tabular_trajectories, tabular_runs, repeats, seed)
     if show:
         print_kernels_table(records)
+    return records
+
+
+def _bench_tabular(trajectories: Sequence[int], runs: int, repeats: int, seed: int) -> list[KernelBenchRecord]:
+    """The gridworld's tabulated rollout with the torch loop and with the compiled loop (module docstring)."""
+    import torch
+
+    from fedrl_algos.policies import TabularPolicy
+    from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params
+
+    tasks = GRIDWORLD.train_tasks
+    params = stack_params([task for _ in range(runs) for task in tasks])
+    spaces = GRIDWORLD.observation_space(tasks[0]), GRIDWORLD.action_space(tasks[0])
+    plans = {k: TabularPolicy(*spaces, kernels=k).kernel_rollout_plan(GRIDWORLD, params) for k in ("torch", "numba")}
+    n_rows = runs * len(tasks)
+    theta = torch.randn(n_rows, plans["torch"].policy.n_params, generator=torch.Generator().manual_seed(seed))
+    keys = derive_keys(torch.tensor(seed), torch.arange(n_rows))
+    horizon = GRIDWORLD.horizon(tasks[0])
+    records = []
+    for m in trajectories:
+        def roll(kernels: str, m: int = m) -> object:
+            return plans[kernels](theta, RandomStreams(keys), m, horizon, False)
+
+        rewarded = float((roll("torch").rewards.sum(-1) > 0).double().mean())
+        medians = _median_alternating({k: (lambda k=k: roll(k)) for k in plans}, repeats)
+        records.append(KernelBenchRecord(TABULAR_OPERATION, n_rows, m, rewarded, medians["torch"], medians["numba"], repeats))
     return records
 
 
@@ -130,15 +168,17 @@ def print_kernels_table(records: Sequence[KernelBenchRecord]) -> None:
     ]
     print_columns(lines)
     repeats = records[0].repeats if records else 0
-    print(f"arc navigation, the paper's 2-32-8 softmax network, float32; medians of {repeats} alternated calls after a "
-          f"warm-up; {torch.get_num_threads()} torch threads; method: fedrl_algos/bench_kernels.py")
+    print(f"arc navigation, the paper's 2-32-8 softmax network, and the gridworld's tabular policy (rows: runs x 8 goals), "
+          f"float32; medians of {repeats} alternated calls after a warm-up; {torch.get_num_threads()} torch threads; "
+          "method: fedrl_algos/bench_kernels.py")
 
 
 def _cmd(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     trajectories = (10, 50) if args.quick else args.trajectories
     records = bench_kernels(trajectories, rows=6 if args.quick else args.rows, repeats=1 if args.quick else args.repeats,
-                            spread=args.spread, seed=args.seed)
+                            spread=args.spread, seed=args.seed, tabular_trajectories=args.tabular_trajectories,
+                            tabular_runs=2 if args.quick else args.tabular_runs)
     finish_bench(args.json, [dataclasses.asdict(r) | {"speedup": r.speedup} for r in records])
     return 0
 
@@ -147,7 +187,8 @@ def add_kernels_target(targets: argparse._SubParsersAction) -> None:
     """Add ``fedrl bench kernels`` to the bench sub-commands."""
     p = targets.add_parser(
         "kernels",
-        help="the arc policy's compiled (numba) kernels vs its torch kernels: rollout, gradient, curvature product",
+        help="the arc policy's compiled (numba) kernels vs its torch kernels: rollout, gradient, curvature product; "
+        "the tabular policy's compiled rollout loop",
         description="Rollouts, policy gradients and curvature products of the paper's arc-navigation network "
         "with FastMlpPolicy(kernels='numba') next to kernels='torch', alternated in one process.",
     )
@@ -156,6 +197,11 @@ def add_kernels_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", type=positive_int, default=60, help="agents, each with its own parameters (default 60)")
     p.add_argument("--repeats", type=positive_int, default=5, help="alternated timings of each kernel; medians (default 5)")
     p.add_argument("--spread", type=float, default=0.3, help="noise added to the shared initialization (default 0.3)")
+    p.add_argument("--tabular-trajectories", type=positive_int, nargs="*", default=[10, 30],
+                   help="trajectories a row of the gridworld's tabular rollouts (default 10 30: the alpha experiment's "
+                   "inner and per-step batches; none: not timed)")
+    p.add_argument("--tabular-runs", type=positive_int, default=60,
+                   help="runs of the tabular rollouts, each of the 8 training goals (default 60: alpha's 6 step sizes x 10 seeds)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 6 rows, 10 and 50 trajectories, one timing")
     p.add_argument("--seed", type=int, default=0, help="seed of the parameters, streams and direction")

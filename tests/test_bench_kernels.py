@@ -6,15 +6,16 @@ import pytest
 
 pytest.importorskip("numba")
 
-from fedrl_algos.bench_kernels import OPERATIONS, bench_kernels  # noqa: E402
+from fedrl_algos.bench_kernels import OPERATIONS, TABULAR_OPERATION, bench_kernels  # noqa: E402
 from fedrl_algos.cli import main  # noqa: E402
 
 
 def test_every_operation_is_timed_for_both_kernels_at_every_batch():
-    records = bench_kernels(trajectories=(3, 7), rows=4, repeats=1, show=False)
-    assert [(r.operation, r.trajectories) for r in records] == [(op, m) for m in (3, 7) for op in OPERATIONS]
+    records = bench_kernels(trajectories=(3, 7), rows=4, repeats=1, show=False, tabular_trajectories=(2, 5), tabular_runs=3)
+    expected = [(op, m) for m in (3, 7) for op in OPERATIONS] + [(TABULAR_OPERATION, m) for m in (2, 5)]
+    assert [(r.operation, r.trajectories) for r in records] == expected
     for r in records:
-        assert r.rows == 4 and r.repeats == 1
+        assert r.rows == (24 if r.operation == TABULAR_OPERATION else 4) and r.repeats == 1
         assert r.torch_seconds > 0 and r.numba_seconds > 0
         assert r.speedup == pytest.approx(r.torch_seconds / r.numba_seconds)
         assert 0.0 <= r.rewarded_fraction <= 1.0
@@ -22,9 +23,10 @@ def test_every_operation_is_timed_for_both_kernels_at_every_batch():
 
 def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     path = tmp_path / "kernels.json"
-    assert main(["bench", "kernels", "--trajectories", "4", "--rows", "2", "--repeats", "1", "--json", str(path)]) == 0
+    assert main(["bench", "kernels", "--trajectories", "4", "--rows", "2", "--repeats", "1", "--tabular-trajectories", "3",
+                 "--tabular-runs", "1", "--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "torch/numba" in out and "curvature (causal)" in out and "peak RSS" in out
+    assert "torch/numba" in out and "curvature (causal)" in out and "tabular rollout" in out and "peak RSS" in out
     records = json.loads(path.read_text())
-    assert [r["operation"] for r in records] == list(OPERATIONS)
+    assert [r["operation"] for r in records] == [*OPERATIONS, TABULAR_OPERATION]
     assert all(r["speedup"] > 0 and r["peak_rss_mb"] > 0 for r in records)
