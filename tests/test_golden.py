@@ -25,7 +25,10 @@ from fedrl_algos.cli import main
 GOLDEN = Path(__file__).parent / "golden"
 
 RUNS = {
-    "personalization": ("personalization", []),
+    # The tabular experiments' two rollout loops give the same bits (fedrl_algos.policies.tabular_compiled):
+    # personalization runs both at full size; alpha its default (the compiled loop where Numba is installed).
+    "personalization": ("personalization", ["--kernels", "torch"]),
+    "personalization-numba": ("personalization", ["--kernels", "numba"]),
     "alpha": ("alpha", []),
     "fewshot": ("fewshot", ["--quick", "--kernels", "torch"]),
     "curvature": ("curvature", ["--quick", "--kernels", "torch"]),
@@ -40,7 +43,7 @@ RUNS = {
 #: ... and at full size they part from the torch kernels, so the full fewshot run has its own
 GOLDEN_FILES = {"fewshot-numba-full": "fewshot_numba"}
 RUNS["fewshot-numba-full"] = ("fewshot", ["--kernels", "numba"])
-NEEDS_NUMBA = {"fewshot-numba", "curvature-numba", "fewshot-numba-full"}
+NEEDS_NUMBA = {"personalization-numba", "fewshot-numba", "curvature-numba", "fewshot-numba-full"}
 
 
 def _first_difference(got: list[dict], want: list[dict]) -> str:
