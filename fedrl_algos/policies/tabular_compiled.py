@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrl_algos.policies.mlp_compiled import resolve_kernels
 from fedrl_envs.rng import _U64_GOLDEN, RandomStreams, uniform32_of_finalizer_input_numpy
 
 __all__ = ["compiled_walk_applies", "compiled_walk"]
@@ -76,8 +77,6 @@ def _loop() -> Any:
 def compiled_walk_applies(policy: Any, theta: torch.Tensor, streams: RandomStreams) -> bool:
     """Whether :func:`compiled_walk` applies: the policy's kernels resolve to ``"numba"``,
     float32 CPU parameters without gradients and CPU streams."""
-    from fedrl_algos.policies.mlp_compiled import resolve_kernels
-
     return (
         resolve_kernels(getattr(policy, "kernels", "torch"), theta.device) == "numba"
         and theta.dtype == torch.float32 and theta.device.type == "cpu" and not theta.requires_grad
