@@ -234,10 +234,10 @@ def train_tabular(
     runs ``len(seeds)`` runs and is evaluated at every α.
 
     With ``workers > 1`` the program runs in parts at the same time
-    (:func:`~fedrl_algos.reproduce.parallel.run_forked`): first the trainings, the meta-methods'
-    runs split by α into one federation per part (a run's training is bitwise the same alone or in
-    any batch: its streams are keyed by its seed and agent only), in groups balanced by their
-    sampling cost; then the α values' exact evaluations, each in the chunks of the serial program
+    (:func:`~fedrl_algos.reproduce.parallel.run_forked`): first the trainings, every method's runs
+    split between the parts in groups balanced by their sampling cost, one federation per method
+    and part (a run's training is bitwise the same alone or in any batch: its streams are keyed by
+    its seed and agent only); then the α values' exact evaluations, each in the chunks of the serial program
     (the evaluator's rounding depends on the chunk layout). So the results are bitwise those of
     ``workers = 1``.
 
@@ -255,19 +255,26 @@ def train_tabular(
     workers = check_workers(workers)
     family = GRIDWORLD
     methods = list(methods)
-    # A unit is one federation: (method, its α indices); FedAvg-PG's training has no α.
+    # A unit is one federation: (method, its run indices). A meta-method's run r has step size
+    # alphas[r // n_seeds] and seed seeds[r % n_seeds] (α-major); FedAvg-PG's run r is seeds[r].
+    n_runs = {m: n_seeds if m == "fedavg" else n_alpha * n_seeds for m in methods}
     split = workers if can_fork(device) else 1
-    chunks = [tuple(c.tolist()) for c in torch.arange(n_alpha).chunk(min(split, n_alpha))]
-    units = [(m, (0,) if m == "fedavg" else chunk) for m in methods for chunk in (chunks[:1] if m == "fedavg" else chunks)]
-    groups = balanced_groups(units, lambda u: (1 if u[0] == "fedavg" else len(u[1])) * n_seeds * cfg.trajectories_per_step(u[0]),
-                             workers)
+    # Balanced run by run (a run costs its trajectories per local step), then each part's runs of a
+    # method join into one federation: parts within a run's sampling cost of each other, and no more
+    # federations than methods per part.
+    runs = [(m, r) for m in methods for r in range(n_runs[m])]
+    parts = balanced_groups(runs, lambda run: cfg.trajectories_per_step(run[0]), split)
+    groups = [[(m, tuple(r for mm, r in part if mm == m)) for m in methods if any(mm == m for mm, _ in part)] for part in parts]
     tasks = [
         functools.partial(_train_units, group, seeds, alphas, cfg, device, dtype, progress and k == 0, desc, kernels)
         for k, group in enumerate(groups)
     ]
     trained = {unit: h for part in run_forked(tasks, workers, device) for unit, h in part.items()}
-    # runs are α-major (run a·n_seeds + s), so a method's units join along the run axis in α order
-    histories = {m: torch.cat([trained[u] for u in units if u[0] == m], dim=1) for m in methods}
+    histories = {}  # [K+1, runs, d], runs in order
+    for method in methods:
+        units = [unit for unit in trained if unit[0] == method]
+        order = torch.tensor([r for _, indices in units for r in indices]).argsort()
+        histories[method] = torch.cat([trained[unit] for unit in units], dim=1)[:, order]
     # Exact evaluation of every round of every run: one call per α over all methods, rounds and seeds
     # (α passed as a number: the same values as a per-row tensor, without its broadcasting checks).
     evaluator = TabularEvaluator(family, gamma=cfg.gamma, device=device)
@@ -305,8 +312,9 @@ def _train_units(
     units: Sequence[tuple[str, tuple[int, ...]]], seeds: list[int], alphas: list[float], cfg: TabularConfig,
     device: torch.device, dtype: torch.dtype, progress: bool, desc: str, kernels: str = "torch",
 ) -> dict[tuple[str, tuple[int, ...]], torch.Tensor]:
-    """Train each unit ``(method, α indices)`` as one federation (a meta-method's runs: those α × the
-    seeds; FedAvg-PG's: the seeds) and return its server parameters ``[K+1, runs, d]``."""
+    """Train each unit ``(method, run indices)`` as one federation and return its server parameters
+    ``[K+1, runs, d]`` (a meta-method's run ``r``: step size ``alphas[r // len(seeds)]``, seed
+    ``seeds[r % len(seeds)]``; FedAvg-PG's run ``r``: seed ``seeds[r]``)."""
     family = GRIDWORLD
     tasks = family.train_tasks
     n_seeds = len(seeds)
@@ -316,12 +324,10 @@ def _train_units(
     runs: dict[tuple[str, tuple[int, ...]], tuple[Federation, GradientEstimator, torch.Tensor]] = {}
     for unit in units:
         method, indices = unit
-        if method == "fedavg":
-            run_seeds, alpha = torch.tensor(seeds), 0.0
-        else:
-            values = [alphas[a] for a in indices]
-            run_seeds = torch.tensor(seeds).repeat(len(values))
-            alpha = values[0] if len(values) == 1 else torch.tensor(values, dtype=dtype, device=device).repeat_interleave(n_seeds).reshape(-1, 1, 1)
+        run_seeds = torch.tensor([seeds[r % n_seeds] for r in indices])
+        values = [0.0 if method == "fedavg" else alphas[r // n_seeds] for r in indices]
+        # one α for the whole unit is passed as a number (the same values as a per-run tensor)
+        alpha = values[0] if len(set(values)) == 1 else torch.tensor(values, dtype=dtype, device=device).reshape(-1, 1, 1)
         federation = Federation(family, params, policy, run_seeds, gamma=cfg.gamma)
         theta = torch.zeros(len(run_seeds), policy.n_params, dtype=dtype, device=device)
         runs[unit] = (federation, _estimator(method, policy, cfg, alpha), theta)
