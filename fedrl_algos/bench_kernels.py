@@ -20,7 +20,10 @@ Then the **tabular rollout** of the Per-FedAvg-PG gridworld experiments (``alpha
 ``personalization``): ``TabularPolicy(kernels="torch")`` against ``kernels="numba"`` (the compiled
 time loop of :mod:`fedrl_algos.policies.tabular_compiled`, bitwise the same trajectories) on
 ``tabular_runs`` runs × the 8 training goals, each row with its own random logits, through the
-policy's tabulated rollout plan as the trainings use it.
+policy's tabulated rollout plan as the trainings use it; and the policy's probability table
+``softmax(θ[s, :])`` of those rows (``torch.softmax`` against the compiled softmax of
+:mod:`~fedrl_algos.policies.tabular_compiled`, bitwise the same table), which every local step
+computes at each new θ.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from collections.abc import Callable, Sequence
 
 from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
 
-__all__ = ["KernelBenchRecord", "bench_kernels", "add_kernels_target", "OPERATIONS", "TABULAR_OPERATION"]
+__all__ = ["KernelBenchRecord", "bench_kernels", "add_kernels_target", "OPERATIONS", "TABULAR_OPERATION", "TABULAR_TABLE_OPERATION"]
 
 #: what is timed, in table order
 OPERATIONS = ("rollout", "policy gradient", "curvature (paper)", "curvature (causal)")
-#: the tabular policy's operation, timed after the arc policy's
+#: the tabular policy's operations, timed after the arc policy's: the rollout at each trajectory
+#: count, then the probability table ``softmax(θ[s, :])`` of every row (no trajectories: recorded
+#: with ``trajectories = 0``)
 TABULAR_OPERATION = "tabular rollout"
+TABULAR_TABLE_OPERATION = "tabular probability table"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +160,14 @@ def _bench_tabular(trajectories: Sequence[int], runs: int, repeats: int, seed: i
         rewarded = float((roll("torch").rewards.sum(-1) > 0).double().mean())
         medians = _median_alternating({k: (lambda k=k: roll(k)) for k in plans}, repeats)
         records.append(KernelBenchRecord(TABULAR_OPERATION, n_rows, m, rewarded, medians["torch"], medians["numba"], repeats))
+    if trajectories:
+        def table(kernels: str) -> object:
+            policy = plans[kernels].policy
+            policy._probs_cache.clear()  # a new θ each call, as at every local step
+            return policy.probs_table(theta)
+
+        medians = _median_alternating({k: (lambda k=k: table(k)) for k in plans}, repeats)
+        records.append(KernelBenchRecord(TABULAR_TABLE_OPERATION, n_rows, 0, 0.0, medians["torch"], medians["numba"], repeats))
     return records
 
 
@@ -162,7 +176,8 @@ def print_kernels_table(records: Sequence[KernelBenchRecord]) -> None:
     import torch
 
     lines = [["operation", "rows x trajectories", "rewarded", "torch ms", "numba ms", "torch/numba"]] + [
-        [r.operation, f"{r.rows} x {r.trajectories}", f"{r.rewarded_fraction:.0%}", f"{1e3 * r.torch_seconds:.2f}",
+        [r.operation, f"{r.rows} x {r.trajectories}" if r.trajectories else f"{r.rows} rows",
+         f"{r.rewarded_fraction:.0%}" if r.trajectories else "-", f"{1e3 * r.torch_seconds:.2f}",
          f"{1e3 * r.numba_seconds:.2f}", f"{r.speedup:.2f}x"]
         for r in records
     ]
@@ -188,7 +203,7 @@ def add_kernels_target(targets: argparse._SubParsersAction) -> None:
     p = targets.add_parser(
         "kernels",
         help="the arc policy's compiled (numba) kernels vs its torch kernels: rollout, gradient, curvature product; "
-        "the tabular policy's compiled rollout loop",
+        "the tabular policy's compiled rollout loop and softmax",
         description="Rollouts, policy gradients and curvature products of the paper's arc-navigation network "
         "with FastMlpPolicy(kernels='numba') next to kernels='torch', alternated in one process.",
     )

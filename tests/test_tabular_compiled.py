@@ -1,15 +1,16 @@
-"""The compiled tabular rollout (``TabularPolicy(kernels="numba")``) against the torch loop, bit for bit."""
+"""The compiled tabular rollout and softmax (``TabularPolicy(kernels="numba")``) against torch's, bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from gymnasium import spaces
 
 pytest.importorskip("numba")
 
 from fedrl_algos import PerFedAvgPG  # noqa: E402
 from fedrl_algos.core.sampling import rollout  # noqa: E402
-from fedrl_algos.policies import TabularPolicy  # noqa: E402
+from fedrl_algos.policies import TabularPolicy, tabular_compiled  # noqa: E402
 from fedrl_algos.policies import tabular as tabular_module  # noqa: E402
 from fedrl_algos.policies.tabular import tabulate  # noqa: E402
 from fedrl_envs.core import stack_params  # noqa: E402
@@ -38,6 +39,20 @@ def walks(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tabular_module, "compiled_walk", spy)
+    return calls
+
+
+@pytest.fixture
+def softmaxes(monkeypatch):
+    """Counts the compiled softmax tables computed."""
+    calls = []
+    real = tabular_module.compiled_softmax
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tabular_module, "compiled_softmax", spy)
     return calls
 
 
@@ -75,15 +90,16 @@ def test_compiled_walk_gives_the_torch_loops_trajectories_and_counters(family, r
         assert model is not None and model.any_terminal
 
 
-def test_training_with_the_compiled_walk_is_bitwise_the_torch_loops_and_saves_its_kernels(tmp_path, walks):
+def test_training_with_the_compiled_walk_is_bitwise_the_torch_loops_and_saves_its_kernels(tmp_path, walks, softmaxes):
     def train(kernels):
         model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=3, local_steps=2, policy_kwargs={"kernels": kernels})
         return model.learn(total_rounds=3)
 
     reference = train("torch")
     assert not walks
+    assert not softmaxes
     compiled = train("numba")
-    assert walks
+    assert walks and softmaxes
     assert torch.equal(reference.theta, compiled.theta)
     compiled.save(tmp_path / "m.zip")
     loaded = PerFedAvgPG.load(tmp_path / "m.zip")
@@ -103,3 +119,60 @@ def test_the_torch_loop_runs_where_the_compiled_walk_does_not_apply(walks):
 def test_bad_kernels_are_refused():
     with pytest.raises(ValueError, match="kernels"):
         TabularPolicy(GRIDWORLD.observation_space(GRIDWORLD.train_tasks[0]), GRIDWORLD.action_space(GRIDWORLD.train_tasks[0]), kernels="fast")
+
+
+# torch's softmax over a short last dimension uses SLEEF's exp with fused multiply-adds on x86 with
+# AVX2 or AVX-512; the compiled softmax reproduces that path (elsewhere the policy keeps torch's).
+needs_sleef_softmax = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                                         reason="torch's short-row softmax is SLEEF's on x86 with AVX2/AVX-512 only")
+
+
+def _short_rows(n_actions: int, seed: int) -> torch.Tensor:
+    """Random rows over eight decades of scale, and edge rows: ties, ±inf, huge and subnormal
+    spreads, exponentials that underflow to subnormals and to zero, a NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = torch.logspace(-4, 4, 400).repeat_interleave(25).unsqueeze(-1)
+    rows = torch.randn(scale.shape[0], n_actions, generator=generator) * scale
+    inf, nan = float("inf"), float("nan")
+    edges = [[0.0], [-inf], [inf], [1e30, -1e30], [-87.5, 0.0, -100.0], [-103.9, 0.0], [-104.5, 0.0, -3e38], [1e-45, -1e-45], [nan]]
+    edge_rows = torch.tensor([(row * n_actions)[:n_actions] if len(row) == 1 else (row + [0.0] * n_actions)[:n_actions] for row in edges])
+    return torch.cat([rows, edge_rows]).float()
+
+
+@needs_sleef_softmax
+@pytest.mark.parametrize("n_actions", range(2, 8))
+def test_compiled_softmax_is_torchs_bit_for_bit(n_actions):
+    x = _short_rows(n_actions, n_actions)
+    got, want = tabular_compiled.compiled_softmax(x), torch.softmax(x, dim=-1)
+    assert torch.equal(got.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert finite.float().mean() > 0.99
+    assert torch.equal(got[finite].view(torch.int32), want[finite].view(torch.int32))  # bits, signed zeros included
+    assert tabular_compiled._matches_torch_softmax()
+
+
+@needs_sleef_softmax
+def test_probability_tables_come_from_the_compiled_softmax_with_torchs_bits(softmaxes):
+    task = GRIDWORLD.train_tasks[0]
+    torch_policy, numba_policy = _policies(GRIDWORLD, task)
+    theta = 3.0 * torch.randn(2, 3, torch_policy.n_params, generator=torch.Generator().manual_seed(5))
+    reference = torch_policy.probs_table(theta)
+    assert not softmaxes
+    compiled = numba_policy.probs_table(theta)
+    assert len(softmaxes) == 1 and compiled.shape == reference.shape == (2, 3, 25, 4)
+    assert torch.equal(compiled, reference)
+
+
+def test_probability_tables_keep_torchs_softmax_where_the_compiled_one_does_not_apply(softmaxes, monkeypatch):
+    task = GRIDWORLD.train_tasks[0]
+    torch_policy, numba_policy = _policies(GRIDWORLD, task)
+    theta = torch.randn(3, torch_policy.n_params, generator=torch.Generator().manual_seed(6))
+    torch_policy.probs_table(theta)  # kernels="torch"
+    numba_policy.probs_table(theta.double())  # float64
+    numba_policy.probs_table(theta.clone().requires_grad_())  # gradients through θ
+    wide = TabularPolicy(GRIDWORLD.observation_space(task), spaces.Discrete(8), kernels="numba")
+    wide.probs_table(torch.randn(3, wide.n_params))  # a row as long as an AVX2 register: torch's other path
+    monkeypatch.setattr(tabular_compiled, "_matches_torch_softmax", lambda: False)  # a platform whose bits differ
+    table = numba_policy.probs_table(theta)
+    assert not softmaxes
+    assert torch.equal(table, torch.softmax(theta.reshape(3, 25, 4), dim=-1))

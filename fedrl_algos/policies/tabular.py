@@ -33,7 +33,12 @@ from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
 from fedrl_algos.policies.mlp_compiled import check_kernels
-from fedrl_algos.policies.tabular_compiled import compiled_walk, compiled_walk_applies
+from fedrl_algos.policies.tabular_compiled import (
+    compiled_softmax,
+    compiled_softmax_applies,
+    compiled_walk,
+    compiled_walk_applies,
+)
 from fedrl_envs.core import TaskFamily, alive_mask, repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -100,7 +105,8 @@ class TabularPolicy(CategoricalMixin, FlatPolicy):
 
         Kept for the last :data:`PROBS_CACHE_SIZE` θ tensors by identity and in-place version
         (never for a θ that requires grad), so the rollout and the estimates that share one θ
-        compute it once.
+        compute it once. With ``kernels="numba"`` a compiled loop computes it, ~5× faster than
+        ``torch.softmax`` at A = 4 and bitwise equal (:func:`.tabular_compiled.compiled_softmax`).
         """
         shape = (*theta.shape[:-1], self.n_states, self.n_actions)
         if theta.requires_grad:
@@ -109,7 +115,10 @@ class TabularPolicy(CategoricalMixin, FlatPolicy):
         for ref, ver, probs in self._probs_cache:
             if ref() is theta and ver == version:
                 return probs
-        probs = torch.softmax(theta.reshape(shape), dim=-1)
+        if compiled_softmax_applies(self, theta, self.n_actions):
+            probs = compiled_softmax(theta.reshape(shape))
+        else:
+            probs = torch.softmax(theta.reshape(shape), dim=-1)
         if len(self._probs_cache) >= PROBS_CACHE_SIZE:
             self._probs_cache.pop(0)
         self._probs_cache.append((weakref.ref(theta), version, probs))
