@@ -28,32 +28,29 @@ class _EndingChain(GridWorldFamily):
         return next_state, reward, next_state >= params.n_states - params.size
 
 
-@pytest.fixture
-def walks(monkeypatch):
-    """Counts the compiled walks that run (so a test cannot pass on the torch loop alone)."""
+def _spy(monkeypatch, name: str) -> list[int]:
+    """A list that grows by one at every call of ``fedrl_algos.policies.tabular.<name>`` (the real function runs)."""
     calls = []
-    real = tabular_module.compiled_walk
+    real = getattr(tabular_module, name)
 
     def spy(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tabular_module, "compiled_walk", spy)
+    monkeypatch.setattr(tabular_module, name, spy)
     return calls
+
+
+@pytest.fixture
+def walks(monkeypatch):
+    """Counts the compiled walks that run (so a test cannot pass on the torch loop alone)."""
+    return _spy(monkeypatch, "compiled_walk")
 
 
 @pytest.fixture
 def softmaxes(monkeypatch):
     """Counts the compiled softmax tables computed."""
-    calls = []
-    real = tabular_module.compiled_softmax
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tabular_module, "compiled_softmax", spy)
-    return calls
+    return _spy(monkeypatch, "compiled_softmax")
 
 
 def _policies(family, task):
