@@ -51,10 +51,11 @@ PROBS_CACHE_SIZE = 4
 class TabularPolicy(CategoricalMixin, FlatPolicy):
     """Per-state softmax ``π(a|s) = softmax(θ[s, :])`` for ``Discrete`` observations and actions.
 
-    ``kernels="numba"`` walks the tabulated rollouts' time loop as one compiled loop
-    (:mod:`.tabular_compiled`; float32 parameters on the CPU): the same trajectories bit for bit,
-    about 2× faster rollouts at the gridworld experiments' batches; ``"auto"`` is ``"numba"`` where
-    Numba is installed. Elsewhere (CUDA, float64, gradients through θ) the torch loop runs.
+    ``kernels="numba"`` walks the tabulated rollouts' time loop as one compiled loop and computes
+    the probability tables by a compiled softmax (:mod:`.tabular_compiled`; float32 parameters on
+    the CPU): the same trajectories and tables bit for bit, about 2× faster rollouts and 4× faster
+    tables at the gridworld experiments' batches; ``"auto"`` is ``"numba"`` where Numba is
+    installed. Elsewhere (CUDA, float64, gradients through θ) torch's loop and softmax run.
 
     :param observation_space: ``Discrete(S)``
     :param action_space: ``Discrete(A)``

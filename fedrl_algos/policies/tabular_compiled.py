@@ -1,4 +1,4 @@
-"""The tabulated rollout's time loop compiled by Numba: the same trajectories as the torch loop, bit for bit.
+"""The tabulated rollout's time loop and the probability tables compiled by Numba: torch's numbers, bit for bit.
 
 :func:`~fedrl_algos.policies.tabular.tabular_rollout` samples a tabular policy on a tabulated model
 one time step at a time, about five torch operations a step on arrays of a few thousand samples,
@@ -14,6 +14,9 @@ table is torch's (``softmax`` then ``cumsum``, as the torch loop computes it), a
 is a 24-bit integer times 2⁻²⁴ (exact), and an action is a count of exact comparisons. The
 random words are integer hashes of the same counters. So the keys, and everything derived from
 them, are those of the torch loop (``tests/test_tabular_compiled.py``).
+
+**The probability tables** ``softmax(θ[s, :])`` (:func:`compiled_softmax`): the operations of
+torch's own CPU softmax over a short row, one IEEE float32 operation at a time (section below).
 """
 
 from __future__ import annotations
