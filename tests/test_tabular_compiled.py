@@ -96,7 +96,8 @@ def test_training_with_the_compiled_walk_is_bitwise_the_torch_loops_and_saves_it
     assert not walks
     assert not softmaxes
     compiled = train("numba")
-    assert walks and softmaxes
+    assert walks
+    assert bool(softmaxes) == tabular_compiled._matches_torch_softmax()  # torch's softmax where the bits would differ
     assert torch.equal(reference.theta, compiled.theta)
     compiled.save(tmp_path / "m.zip")
     loaded = PerFedAvgPG.load(tmp_path / "m.zip")
