@@ -311,3 +311,50 @@ def test_curvature_stats_command_prints_every_row(capsys):
     # gridworld: 2 directions × 3 estimators; arc: 2 points × 2 agents × 3 estimators
     assert len(lines) == 6 + 12
     assert sum(" lvc " in line for line in lines) == 6
+
+
+# --- the meta-training baselines of the curvature experiment (inner_baseline, outer_baseline) ------
+
+
+def test_outer_baseline_option_validation_and_persistence(tmp_path):
+    with pytest.raises(ValueError, match="outer_baseline"):
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", outer_baseline="critic", device="cpu")
+    with pytest.raises(TypeError, match="outer_baseline"):
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", outer_baseline=1, device="cpu")
+    for variant, objective in (("exact", "paper"), ("first_order", "paper"), ("exact", "debiased")):
+        model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", variant=variant, objective=objective, outer_baseline="loo",
+                            seed=0, device="cpu")
+        assert model.estimator.outer_baseline == "loo"
+    model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", outer_baseline="loo", seed=4, device="cpu")
+    theta = model.learn(total_rounds=2).theta.detach().clone()
+    plain = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", seed=4, device="cpu").learn(total_rounds=2)
+    assert plain.estimator.outer_baseline is None and not torch.equal(theta, plain.theta)
+    model.save(tmp_path / "model.zip")
+    loaded = PerFedAvgPG.load(tmp_path / "model.zip", device="cpu")
+    assert loaded.outer_baseline == "loo" and loaded.estimator.outer_baseline == "loo"
+    with pytest.raises(ValueError, match="outer_baseline"):
+        CurvatureConfig(outer_baseline="gpomdp")
+    with pytest.raises(ValueError, match="inner_baseline"):
+        CurvatureConfig(inner_baseline="gpomdp")
+
+
+def test_reproduce_curvature_with_meta_training_baselines(tmp_path):
+    import json
+
+    from fedrl_algos.cli import main
+
+    def run(out, *flags):
+        assert main(["reproduce", "curvature", "--quick", "--seeds", "2", "--m-hs", "10", "--estimator", "causal",
+                     "--no-progress", "--out", str(out), *flags]) == 0
+        return json.loads((out / "curvature" / "results.json").read_text())
+
+    plain = run(tmp_path / "plain")
+    both = run(tmp_path / "both", "--inner-baseline", "loo", "--outer-baseline", "loo")
+    assert both["settings"]["inner_baseline"] == "loo" and both["settings"]["outer_baseline"] == "loo"
+    assert plain["settings"]["inner_baseline"] is None and plain["settings"]["outer_baseline"] is None
+    trained = [r["return"] for r in both["records"] if r["round"] > 0]
+    assert trained != [r["return"] for r in plain["records"] if r["round"] > 0]
+    assert [r["return"] for r in both["records"] if r["round"] == 0] == [r["return"] for r in plain["records"] if r["round"] == 0]
+    assert "Beyond the paper" in (tmp_path / "both" / "curvature" / "report.md").read_text()
+    assert "Beyond the paper" not in (tmp_path / "plain" / "curvature" / "report.md").read_text()
+    assert main(["reproduce", "alpha", "--outer-baseline", "loo", "--out", str(tmp_path / "x")]) == 2

@@ -254,16 +254,18 @@ def _sampled_meta_gradients(task, policy, theta, n, seed, **kwargs) -> torch.Ten
     return estimator(sampler_for(task, policy, n, seed), theta.expand(n, -1).contiguous())
 
 
-@pytest.mark.parametrize(("inner_baseline", "score_baseline"), [(None, "loo"), ("loo", "loo"), ("loo", None)])
-def test_sampled_debiased_meta_gradient_is_unbiased(inner_baseline, score_baseline):
-    """z-scores of the full estimator (sampled D_in and D_out) over 160000 batches against the exact ∇F^D."""
+@pytest.mark.parametrize(("inner_baseline", "score_baseline", "outer_baseline"),
+                         [(None, "loo", None), ("loo", "loo", None), ("loo", None, None), (None, "loo", "loo")])
+def test_sampled_debiased_meta_gradient_is_unbiased(inner_baseline, score_baseline, outer_baseline):
+    """z-scores of the full estimator (sampled D_in and D_out) over 160000 batches against the exact ∇F^D
+    (a baseline in ĝ_out leaves its conditional mean ∇J(θ̃), hence the target, unchanged)."""
     task, policy, evaluator = small_world(3, 1, goal=(1, 0))
     traj, mass = all_trajectories(task)
     batch, start = batches_of(traj, mass, 2)
     theta = random_theta(36, 21)
     exact = exact_debiased_gradient(theta, batch, start, reference_weights(batch, inner_baseline), evaluator, ALPHA, 9)
     samples = _sampled_meta_gradients(task, policy, theta, 160000, 7, m_in=2, m_out=3, inner_baseline=inner_baseline,
-                                      score_baseline=score_baseline)
+                                      score_baseline=score_baseline, outer_baseline=outer_baseline)
     z = z_scores(samples, exact)
     assert z.abs().max() < 4.5, z
     # The test resolves the score-function term: the estimator without it has another mean.
@@ -446,10 +448,11 @@ def test_fewshot_cli_objective_and_baseline_flags(tmp_path):
     from fedrl_algos.reproduce.neural import FewShotConfig
 
     code = main(["reproduce", "fewshot", "--quick", "--seeds", "1", "--objective", "debiased", "--adaptation-baseline", "loo",
-                 "--out", str(tmp_path), "--no-progress"])
+                 "--outer-baseline", "loo", "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     payload = json.loads((tmp_path / "fewshot" / "results.json").read_text())
     assert payload["settings"]["objective"] == "debiased" and payload["settings"]["adaptation_baseline"] == "loo"
+    assert payload["settings"]["outer_baseline"] == "loo"
     assert {r["method"] for r in payload["records"]} == {"meta_init", "from_scratch", "random"}
     assert all(math.isfinite(r["return"]) for r in payload["records"])
     assert "Beyond the paper" in (tmp_path / "fewshot" / "report.md").read_text()
@@ -457,3 +460,54 @@ def test_fewshot_cli_objective_and_baseline_flags(tmp_path):
         FewShotConfig(objective="maml")
     with pytest.raises(ValueError, match="adaptation_baseline"):
         FewShotConfig(adaptation_baseline="gpomdp")
+
+
+# ------------------------------------------------------------------------------------------------
+# the outer-gradient baseline of every meta-gradient (outer_baseline)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_outer_baseline_is_the_adaptation_gradient_of_the_outer_batch():
+    """ĝ_out with ``outer_baseline`` is the baselined estimate of the very outer batch the default draws;
+    ``None`` is bitwise the paper's eq. (2)."""
+    from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+
+    task = GRIDWORLD.make_params(agent=1, horizon=15)
+    policy = TabularPolicy(spaces.Discrete(25), spaces.Discrete(4), dtype=DT)
+    rows = random_theta(100, 41, 0.5).expand(6, -1).contiguous()
+    for baseline in (None, "loo", "mean"):
+        estimator = FirstOrderMetaGradient(policy, GAMMA, 1.0, 10, 10, outer_baseline=baseline)
+        got = estimator(sampler_for(task, policy, 6, 3), rows)
+        sampler = sampler_for(task, policy, 6, 3)
+        adapted = rows + policy_gradient(policy, rows, sampler(rows, 10), GAMMA)
+        want = adaptation_gradient(policy, adapted, sampler(adapted, 10), GAMMA, baseline)
+        assert torch.equal(got, want)
+    plain = ExactMetaGradient(policy, GAMMA, 1.0, 10, 5, 10, curvature="causal")(sampler_for(task, policy, 6, 3), rows)
+    explicit = ExactMetaGradient(policy, GAMMA, 1.0, 10, 5, 10, curvature="causal", outer_baseline=None)(sampler_for(task, policy, 6, 3), rows)
+    assert torch.equal(plain, explicit)
+    with pytest.raises(ValueError, match="outer_baseline"):
+        FirstOrderMetaGradient(policy, GAMMA, 1.0, 10, 10, outer_baseline="gpomdp")
+
+
+def test_outer_baseline_keeps_the_exact_meta_gradients_mean_and_lowers_its_variance():
+    """The exact variant's (I + αĤ)ĝ_out with and without the leave-one-out ĝ_out baseline, each over
+    6000 independent batches at a trained θ: the means agree (z-scores of the difference) and the
+    baseline lowers the total variance (it multiplies the curvature term too)."""
+    from fedrl_algos.per_fedavg_pg import ExactMetaGradient
+
+    task = GRIDWORLD.make_params(agent=1, horizon=15)
+    policy = TabularPolicy(spaces.Discrete(25), spaces.Discrete(4), dtype=DT)
+    evaluator = TabularEvaluator(GRIDWORLD, GAMMA, tasks=[task])
+    theta = random_theta(100, 40, 0.5)
+    for _ in range(20):
+        theta = theta + 3.0 * evaluator.grads(theta)[0]
+    n = 6000
+    rows = theta.expand(n, -1).contiguous()
+    samples = {b: ExactMetaGradient(policy, GAMMA, 1.0, 10, 10, 10, curvature="causal", outer_baseline=b)(sampler_for(task, policy, n, s), rows)
+               for b, s in ((None, 12), ("loo", 13))}
+    diff = samples["loo"].mean(0) - samples[None].mean(0)
+    se = (samples["loo"].var(0) / n + samples[None].var(0) / n).sqrt().clamp(min=1e-12)
+    assert (diff / se).abs().max() < 4.5
+    ratio = float(samples["loo"].var(0).sum() / samples[None].var(0).sum())
+    print(f"total variance with / without the outer baseline: {ratio:.3f}")
+    assert ratio < 0.7, ratio

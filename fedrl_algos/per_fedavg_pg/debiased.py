@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import torch
 
-from fedrl_algos.core.adaptation import adaptation_weights
+from fedrl_algos.core.adaptation import adaptation_gradient, adaptation_weights
 from fedrl_algos.core.directions import SamplerFn, scale
-from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.gpomdp import time_baseline
 from fedrl_algos.core.score_calculus import log_prob_hvp
 from fedrl_algos.core.trajectories import Trajectories
@@ -122,6 +121,8 @@ class DebiasedMetaGradient(_MetaBase):
     :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``/``"mean"``:
         :mod:`fedrl_algos.core.adaptation`); it defines the objective (the step that is taken)
     :param score_baseline: baseline of the score-function term (``"loo"`` or ``None``)
+    :param outer_baseline: baseline of ĝ_out (``None``: eq. (2); ``"loo"``/``"mean"``); the
+        objective is unchanged
     """
 
     name = "debiased"
@@ -135,8 +136,9 @@ class DebiasedMetaGradient(_MetaBase):
         m_out: int,
         inner_baseline: str | None = None,
         score_baseline: str | None = "loo",
+        outer_baseline: str | None = None,
     ) -> None:
-        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline)
+        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline)
         self.score_baseline = _check_score_baseline(score_baseline)
 
     @property
@@ -148,7 +150,7 @@ class DebiasedMetaGradient(_MetaBase):
         psi_in = adaptation_weights(traj_in, self.gamma, self.inner_baseline)
         adapted = theta + scale(self.alpha, self.policy.score_gradient(theta, traj_in, psi_in))
         traj_out = sampler(adapted, self.m_out)
-        g_out = policy_gradient(self.policy, adapted, traj_out, self.gamma)
+        g_out = adaptation_gradient(self.policy, adapted, traj_out, self.gamma, self.outer_baseline)
         if not isinstance(self.alpha, torch.Tensor) and self.alpha == 0.0:
             return g_out
         j_out = traj_out.returns(self.gamma).mean(-1)

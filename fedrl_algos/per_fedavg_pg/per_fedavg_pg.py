@@ -92,6 +92,11 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         see ``docs/algorithms/per_fedavg_pg.md``. Other values need ``variant="exact"`` and
         ``objective="paper"`` (the only estimator with a curvature batch). Saved with the model;
         files saved without it load as ``"paper"``
+    :param outer_baseline: baseline of the outer gradient ĝ_out of training (at the adapted
+        parameters): ``None`` (default, eq. (2)), ``"loo"`` (unbiased) or ``"mean"``, as
+        ``adaptation_baseline``. The exact variant multiplies ĝ_out by ``I + αĤ``, so a less noisy
+        ĝ_out also makes the curvature term less noisy. Saved with the model; files saved without it
+        load as ``None``
     :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
         accepted with a ``DeprecationWarning`` for one release
 
@@ -134,6 +139,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         objective: str = "paper",
         adaptation_baseline: str | None = None,
         curvature: str = "paper",
+        outer_baseline: str | None = None,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -151,6 +157,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         self.variant = variant
         self.objective = objective
         self.adaptation_baseline = check_adaptation_baseline(adaptation_baseline)
+        self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline")
         self.alpha = check_step_size("alpha", alpha)
         self.step_size = check_step_size("step_size", step_size)
         self.local_steps = check_int("local_steps", local_steps)
@@ -194,13 +201,15 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
 
     def _make_estimator(self) -> GradientEstimator:
         # Files saved before these options existed hold neither attribute: the paper's defaults.
-        baseline = self.__dict__.get("adaptation_baseline")
+        baseline, outer = self.__dict__.get("adaptation_baseline"), self.__dict__.get("outer_baseline")
         if self.__dict__.get("objective", "paper") == "debiased":
-            return DebiasedMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
+            return DebiasedMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline,
+                                        outer_baseline=outer)
         if self.variant == "exact":
             return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk,
-                                     inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"))
-        return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline)
+                                     inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"), outer_baseline=outer)
+        return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline,
+                                      outer_baseline=outer)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "estimator"]

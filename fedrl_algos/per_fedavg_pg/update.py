@@ -20,7 +20,7 @@ from fedrl_algos.core.aggregation import OnReject
 from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.curvature import check_curvature, curvature_hvp, curvature_weights
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
-from fedrl_algos.core.estimators import hessian_vector_product, policy_gradient
+from fedrl_algos.core.estimators import hessian_vector_product
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.core import check_int
@@ -31,17 +31,20 @@ __all__ = ["ExactMetaGradient", "FirstOrderMetaGradient", "per_fedavg_pg_round"]
 class _MetaBase(GradientEstimator):
     """What the meta-gradients share: the inner adaptation step and the outer gradient.
 
-    ``inner_baseline`` is the baseline of ĝ_in (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2)).
+    ``inner_baseline`` and ``outer_baseline`` are the baselines of ĝ_in and ĝ_out
+    (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2), bitwise the paper's estimates).
     """
 
     def __init__(
-        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int, inner_baseline: str | None = None
+        self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int, inner_baseline: str | None = None,
+        outer_baseline: str | None = None,
     ) -> None:
         super().__init__(policy, gamma)
         self.alpha = check_step_size_or_tensor("alpha", alpha)
         self.m_in = check_int("m_in", m_in)
         self.m_out = check_int("m_out", m_out)
         self.inner_baseline = check_adaptation_baseline(inner_baseline, "inner_baseline")
+        self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline")
 
     def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
@@ -49,9 +52,10 @@ class _MetaBase(GradientEstimator):
         return theta + scale(self.alpha, g_in)
 
     def outer_gradient(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
-        """``ĝ_out``: the eq. (2) estimate at ``θ̃`` from a fresh outer batch sampled with ``θ̃``."""
+        """``ĝ_out``: the eq. (2) estimate at ``θ̃`` from a fresh outer batch sampled with ``θ̃``
+        (with ``outer_baseline``, each reward-to-go minus that baseline: still unbiased for ``∇J(θ̃)``)."""
         adapted = self.adapted(sampler, theta)
-        return policy_gradient(self.policy, adapted, sampler(adapted, self.m_out), self.gamma)
+        return adaptation_gradient(self.policy, adapted, sampler(adapted, self.m_out), self.gamma, self.outer_baseline)
 
 
 class FirstOrderMetaGradient(_MetaBase):
@@ -91,6 +95,8 @@ class ExactMetaGradient(_MetaBase):
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product
     :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``: :mod:`fedrl_algos.core.adaptation`)
     :param curvature: ``"paper"``, ``"causal"`` or ``"lvc"`` (:data:`~fedrl_algos.core.curvature.CURVATURES`)
+    :param outer_baseline: baseline of ĝ_out, as ``inner_baseline`` (it multiplies ``Ĥ``: a less
+        noisy ĝ_out makes ``Ĥ ĝ_out`` less noisy too)
     """
 
     name = "exact"
@@ -99,8 +105,9 @@ class ExactMetaGradient(_MetaBase):
         self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_h: int, m_out: int, hvp_chunk: int = 100,
         inner_baseline: str | None = None,
         curvature: str = "paper",
+        outer_baseline: str | None = None,
     ) -> None:
-        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline)
+        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline)
         self.m_h = check_int("m_h", m_h)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         self.curvature_estimator = check_curvature(curvature)

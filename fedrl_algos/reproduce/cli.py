@@ -68,6 +68,8 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--objective": ("objective", args.objective),
             # "none" is the config's default (None), so it sets nothing
             "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline),
+            "--inner-baseline": ("inner_baseline", None if args.inner_baseline in (None, "none") else args.inner_baseline),
+            "--outer-baseline": ("outer_baseline", None if args.outer_baseline in (None, "none") else args.outer_baseline),
             "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None)),
             "--kernels": ("kernels", getattr(args, "kernels", None)),
             "--mfpo-optimizer": ("mfpo_optimizer", getattr(args, "mfpo_optimizer", None))}
@@ -196,6 +198,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--adaptation-baseline", choices=["none", "loo", "mean"], default=None,
                         help="fewshot: baseline of the adaptation gradient (meta-training's inner step and the held-out step): "
                         "none (the paper's, default), loo (leave-one-out time-dependent mean reward-to-go, unbiased) or mean")
+    parser.add_argument("--inner-baseline", choices=["none", "loo", "mean"], default=None,
+                        help="curvature: baseline of meta-training's inner step ĝ_in (the evaluation's step stays the paper's): "
+                        "none (default), loo (leave-one-out, unbiased) or mean (beyond the paper)")
+    parser.add_argument("--outer-baseline", choices=["none", "loo", "mean"], default=None,
+                        help="curvature, fewshot, rollouts: baseline of meta-training's outer gradient ĝ_out, which the exact "
+                        "variant multiplies by I + αĤ: none (default), loo (leave-one-out, unbiased) or mean (beyond the paper)")
     parser.add_argument("--kernels", choices=["auto", "torch", "numba"], default=None,
                         help="the kernels on CPU: numba (compiled loops, pip install 'fedrl[fast]'), torch, or auto (default: numba "
                         "where Numba is installed). fewshot, curvature, rollouts: the arc policy's rollouts and gradients (the two give "

@@ -212,10 +212,14 @@ class MetaTrainingConfig(FederatedTrainingConfig):
     """parts of the program run at once on CPU (:mod:`fedrl_algos.reproduce.parallel`): curvature's
     Hessian batches beside the first-order estimate, fewshot's seeds split into that many groups;
     the results do not depend on it"""
+    outer_baseline: str | None = None
+    """baseline of meta-training's outer gradient ĝ_out (:mod:`fedrl_algos.core.adaptation`):
+    ``None`` (the paper's eq. (2)), ``"loo"`` (leave-one-out, unbiased) or ``"mean"``; beyond the paper"""
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
         check_kernels(self.kernels)
+        check_adaptation_baseline(self.outer_baseline, "outer_baseline")
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -257,6 +261,7 @@ class MetaSweep:
     :param objective: ``"paper"``, or ``"debiased"`` (every setting is then the debiased
         meta-gradient of :mod:`fedrl_algos.per_fedavg_pg.debiased`; ``m_hs`` must be ``[None]``)
     :param inner_baseline: baseline of the inner step ĝ_in (:mod:`fedrl_algos.core.adaptation`)
+    :param outer_baseline: baseline of the outer gradient ĝ_out (which the exact settings multiply by ``αĤ``)
     :param estimators: one curvature estimator per setting (:data:`~fedrl_algos.core.curvature.CURVATURES`;
         default ``"paper"`` for every setting; ignored for first-order settings)
     :param workers: threads of a local step: the exact settings' Hessian batches run beside the
@@ -279,6 +284,7 @@ class MetaSweep:
         inner_baseline: str | None = None,
         estimators: Sequence[str] | None = None,
         workers: int = 1,
+        outer_baseline: str | None = None,
     ) -> None:
         self.policy, self.family = policy, family
         self.workers = check_workers(workers)
@@ -299,9 +305,9 @@ class MetaSweep:
             if any(m_h is not None for m_h in self.m_hs):
                 raise ValueError(f"m_hs must be [None] with objective='debiased' (it draws no Hessian batch), got {self.m_hs}")
             # the curvature-free direction of every row: here the whole debiased meta-gradient
-            self.first_order = DebiasedMetaGradient(policy, gamma, alpha, m_in, m_out, inner_baseline)
+            self.first_order = DebiasedMetaGradient(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline=outer_baseline)
         elif objective == "paper":
-            self.first_order = FirstOrderMetaGradient(policy, gamma, alpha, m_in, m_out, inner_baseline)
+            self.first_order = FirstOrderMetaGradient(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline)
         else:
             raise ValueError(f"objective must be 'paper' or 'debiased', got {objective!r}")
         hess_params = params_to(_row_params(tasks, self.n_seeds), self.device)
@@ -431,9 +437,13 @@ class CurvatureConfig(MetaTrainingConfig):
     """rounds between evaluations (round 0 and the last round always)"""
     estimators: tuple[str, ...] = ("paper",)
     """curvature estimators of the exact variant (:data:`~fedrl_algos.core.curvature.CURVATURES`), each run at every m_h"""
+    inner_baseline: str | None = None
+    """baseline of meta-training's inner step ĝ_in (``None``: the paper's; ``"loo"``, ``"mean"``); the
+    evaluation's adaptation step stays the paper's; beyond the paper"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_adaptation_baseline(self.inner_baseline, "inner_baseline")
         if not self.estimators:
             raise ValueError("estimators must name at least one curvature estimator")
         for e in self.estimators:
@@ -481,7 +491,8 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         pairs.append((None, None))
         settings = [m_h for _, m_h in pairs]
         sweep = MetaSweep(policy, range(n_seeds), settings, cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out,
-                          estimators=[e or "paper" for e, _ in pairs], workers=cfg.workers)
+                          inner_baseline=cfg.inner_baseline, estimators=[e or "paper" for e, _ in pairs], workers=cfg.workers,
+                          outer_baseline=cfg.outer_baseline)
         records: list[dict[str, Any]] = []
 
         def log(round_: int) -> dict[str, torch.Tensor]:
@@ -543,6 +554,11 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                 "causality-respecting surrogate with a leave-one-out per-step baseline (unbiased); lvc = ProMP's "
                 "low-variance curvature (biased). The paper column is the paper's (eq. (3)) median at that m_h for every "
                 "estimator. Settings with the same seed share all random streams, Hessian batches included.")
+        if cfg.inner_baseline is not None or cfg.outer_baseline is not None:
+            notes.append(
+                f"Beyond the paper: meta-training's inner step ĝ_in with baseline {cfg.inner_baseline!r} and outer gradient ĝ_out "
+                f"with baseline {cfg.outer_baseline!r} (None: the paper's eq. (2); 'loo': leave-one-out, unbiased); the "
+                "evaluation's adaptation step is the paper's. The paper column is the paper's estimator without baselines.")
         settings_out = {"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6,
                         "kernels": resolve_kernels(cfg.kernels, device)}
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
@@ -828,9 +844,10 @@ class FewShotExperiment(Experiment[FewShotConfig]):
 def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str,
                            objective: str = "paper", inner_baseline: str | None = None) -> torch.Tensor:
     """First-order Per-FedAvg-PG on the 6 training goals for every seed at once: ``[R, d]``
-    (``objective="debiased"``: the debiased meta-gradient instead; ``inner_baseline``: of ĝ_in)."""
+    (``objective="debiased"``: the debiased meta-gradient instead; ``inner_baseline``: of ĝ_in;
+    ``cfg.outer_baseline``: of ĝ_out)."""
     sweep = MetaSweep(policy, seeds.tolist(), [None], cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out,
-                      objective=objective, inner_baseline=inner_baseline)
+                      objective=objective, inner_baseline=inner_baseline, outer_baseline=cfg.outer_baseline)
     bar = _progress(cfg.rounds, progress, desc)
     for _ in range(cfg.rounds):
         sweep.round()
@@ -952,11 +969,12 @@ def few_shot(cfg: FewShotConfig, n_seeds: int, device: str, progress: bool) -> d
         f"snapshot of one run of {max(steps)} PG steps (batch {cfg.scratch_batch}, β={cfg.scratch_beta:g}), so budgets are nested.",
         f"Meta-init adaptation: one PG step (α={cfg.alpha:g}) per held-out goal; each m_adapt setting is an independent batch.",
     ]
-    if cfg.objective != "paper" or cfg.adaptation_baseline is not None:
+    if cfg.objective != "paper" or cfg.adaptation_baseline is not None or cfg.outer_baseline is not None:
         notes.append(
             f"Beyond the paper: meta-training objective {cfg.objective!r} ('paper': the first-order variant; 'debiased': "
             f"SG-MRL's E[J(θ + α ĝ_in)] with its unbiased meta-gradient), adaptation baseline {cfg.adaptation_baseline!r} "
-            "(in meta-training's inner step and in the held-out step; 'loo' = leave-one-out time-dependent mean reward-to-go). "
+            "(in meta-training's inner step and in the held-out step; 'loo' = leave-one-out time-dependent mean reward-to-go), "
+            f"outer-gradient baseline {cfg.outer_baseline!r} (meta-training's ĝ_out). "
             "The paper's columns are its first-order, no-baseline numbers."
         )
     return {"records": records, "notes": notes, "theta_meta": theta_meta, "policy": policy}
