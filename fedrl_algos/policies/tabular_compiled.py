@@ -225,11 +225,15 @@ def _softmax_loop() -> Any:
     return compile_loop(_softmax_rows, {"expf": expf}, (_expf,))
 
 
-def _softmax_table(x: torch.Tensor) -> torch.Tensor:
-    rows = x.detach().reshape(-1, x.shape[-1]).contiguous().numpy()
+
+
+def compiled_softmax(table: torch.Tensor) -> torch.Tensor:
+    """``torch.softmax(table, -1)`` of a float32 CPU ``[..., A]`` table by the compiled loop (where
+    :func:`compiled_softmax_applies`: the same bits)."""
+    rows = table.detach().reshape(-1, table.shape[-1]).contiguous().numpy()
     out = np.empty(rows.shape, np.float32)
     _softmax_loop()(rows, np.empty(rows.shape, np.float32), out)
-    return torch.from_numpy(out).reshape(x.shape)
+    return torch.from_numpy(out).reshape(table.shape)
 
 
 @functools.cache
@@ -243,7 +247,7 @@ def _matches_torch_softmax() -> bool:
         edges = torch.tensor([[0.0] * n_actions, [-float("inf")] + [0.0] * (n_actions - 1), [1e30] + [-1e30] * (n_actions - 1),
                               [80.0] + [-80.0] * (n_actions - 1), [-150.0] * (n_actions - 1) + [0.0]])
         x = torch.cat([x, edges]).float()
-        if not torch.equal(_softmax_table(x).view(torch.int32), torch.softmax(x, -1).view(torch.int32)):
+        if not torch.equal(compiled_softmax(x).view(torch.int32), torch.softmax(x, -1).view(torch.int32)):
             return False
     return True
 
@@ -259,7 +263,3 @@ def compiled_softmax_applies(policy: Any, theta: torch.Tensor, n_actions: int) -
     )
 
 
-def compiled_softmax(table: torch.Tensor) -> torch.Tensor:
-    """``torch.softmax(table, -1)`` of a float32 CPU ``[..., A]`` table by the compiled loop (where
-    :func:`compiled_softmax_applies`: the same bits)."""
-    return _softmax_table(table)
