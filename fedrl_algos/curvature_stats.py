@@ -7,7 +7,9 @@ the mean of ``Ĥv`` over the batches, the total variance of one batch's estimate
 (``tr Cov[Ĥv]``) and, given the exact ``∇²J v``, per-coordinate z-scores, a Hotelling-type
 statistic and the relative bias. The command prints the tables of ``docs/algorithms/per_fedavg_pg.md``:
 the gridworld against exact dynamic programming (:class:`~fedrl_algos.exact.TabularEvaluator`) and
-arc navigation (paper's MLP) at the shared initialization.
+arc navigation (paper's MLP) at the shared initialization. With ``--clips``
+(:func:`curvature_clip_stats`) it prints instead the bias, variance and mean squared error of the
+exact step with a clipped curvature term (``curvature_clip``) against the unclipped step.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from fedrl_algos.core.sampling import rollout
 from fedrl_envs import RandomStreams, derive_keys, index_params
 from fedrl_envs.core import check_int
 
-__all__ = ["EstimatorStats", "curvature_estimator_stats", "hotelling", "main"]
+__all__ = ["EstimatorStats", "curvature_clip_stats", "curvature_estimator_stats", "hotelling", "main"]
 
 
 @dataclasses.dataclass
@@ -191,6 +193,83 @@ def _arc_rows(m_hs: Sequence[int], n_batches: int, trained_rounds: int = 50) -> 
     return out
 
 
+def curvature_clip_stats(
+    theta: torch.Tensor, agent: int, m_h: int, n_batches: int, clips: Sequence[float], seed: int = 5, alpha: float = 1.0,
+    m_in: int = 10, m_out: int = 10, baseline: str | None = "loo", curvature: str = "causal",
+) -> list[dict[str, Any]]:
+    """The exact variant's whole step ``ĝ_out + αĤĝ_out`` on arc navigation against the same step with
+    its curvature term clipped (:func:`~fedrl_algos.core.curvature.clip_curvature_term`) and against
+    the first-order step ``ĝ_out``, over ``n_batches`` independent (m_in, m_out, m_h) batches of one agent.
+
+    Reference: the unclipped step's mean (eq. (7) is unbiased for ``(I + α∇²J)E[ĝ_out]``); every
+    variant is computed from the same batches, so the bias's standard error is that of the paired
+    differences. One row per variant: the fraction of batches the clip shortens, the relative bias
+    ``‖mean − reference‖ / ‖reference‖`` and its standard error, the cosine between the means, and
+    the total variance and mean squared error (about the reference) relative to the unclipped step's.
+
+    :param theta: parameters of the paper's MLP ``[d]`` (float32)
+    :param agent: training goal index of :data:`~fedrl_envs.ARC_NAVIGATION`
+    :param clips: the bounds ``c`` to compare
+    :param baseline: baseline of ĝ_in and ĝ_out (:mod:`fedrl_algos.core.adaptation`)
+    :param curvature: the curvature estimator
+    """
+    from fedrl_algos.core.curvature import clip_curvature_term
+    from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
+    from fedrl_algos.reproduce.neural import FastSampler, arc_policy, fast_rollout
+    from fedrl_envs import ARC_NAVIGATION, stack_params
+
+    policy = arc_policy("cpu", kernels="auto")
+    n = check_int("n_batches", n_batches, 2)
+    params = index_params(stack_params(ARC_NAVIGATION.train_tasks), torch.full((n,), int(agent)))
+    th = theta.reshape(1, -1).to(torch.float32).expand(n, -1).contiguous()
+
+    def streams(offset: int) -> RandomStreams:
+        return RandomStreams(derive_keys(int(seed) + offset, torch.arange(n)))
+
+    first_order = FirstOrderMetaGradient(policy, 0.9, alpha, m_in, m_out, baseline, baseline)
+    g_out = first_order(FastSampler(ARC_NAVIGATION, params, policy, streams(0)), th)
+    traj = fast_rollout(ARC_NAVIGATION, params, policy, th, streams(1), check_int("m_h", m_h))
+    term = alpha * curvature_vector_product(policy, th, traj, g_out, 0.9, curvature)
+    plain = (g_out + term).to(torch.float64)
+    reference = plain.mean(0)
+    scale = float(reference.norm())
+    plain_var = float(plain.var(0).sum())
+    plain_mse = float((plain - reference).square().sum(-1).mean())
+    lengths = term.norm(dim=-1) / g_out.norm(dim=-1).clamp_min(torch.finfo(g_out.dtype).tiny)
+    rows = []
+    for name, clip in [(f"c = {c:g}", float(c)) for c in clips] + [("first order", None)]:
+        step = (g_out if clip is None else g_out + clip_curvature_term(term, g_out, clip)).to(torch.float64)
+        diff = step - plain
+        rows.append({
+            "variant": name, "m_h": m_h, "clipped": None if clip is None else float((lengths > clip).double().mean()),
+            "relative_bias": float((step.mean(0) - reference).norm()) / scale,
+            "bias_se": float((diff.var(0).sum() / n).sqrt()) / scale,
+            "cosine": float(torch.nn.functional.cosine_similarity(step.mean(0), reference, dim=0)),
+            "variance_ratio": float(step.var(0).sum()) / plain_var,
+            "mse_ratio": float((step - reference).square().sum(-1).mean()) / plain_mse,
+            "median_length": float(lengths.median()), "max_length": float(lengths.max()),
+        })
+    return rows
+
+
+def _clip_rows(m_hs: Sequence[int], n_batches: int, clips: Sequence[float], trained_rounds: Sequence[int] = (50, 100)) -> list[dict[str, Any]]:
+    from fedrl_algos.reproduce.neural import MetaSweep, arc_policy
+
+    # where the exact variant collapses in the curvature experiment: after first-order rounds with
+    # the same baselines (seed 0, the experiment's protocol)
+    sweep = MetaSweep(arc_policy("cpu", kernels="auto"), [0], [None], inner_baseline="loo", outer_baseline="loo")
+    points = []
+    for k in range(1, max(trained_rounds) + 1):
+        sweep.round()
+        if k in trained_rounds:
+            points.append((f"after {k} first-order rounds", sweep.thetas()[0, 0].clone()))
+    out = []
+    for (where, theta), agent, m_h in ((p, a, m) for p in points for a in (0, 3) for m in m_hs):
+        for row in curvature_clip_stats(theta, agent, m_h, n_batches, clips):
+            out.append({"setting": f"arc agent {agent}, {where}", **row})
+    return out
+
+
 def _fmt(x: Any, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
@@ -201,10 +280,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=20000, help="independent Hessian batches (gridworld)")
     parser.add_argument("--arc-batches", type=int, default=2000, help="independent Hessian batches (arc navigation)")
     parser.add_argument("--m-hs", default="10,50", help="comma-separated m_h")
+    parser.add_argument("--clips", default="", help="comma-separated bounds c of curvature_clip: print only the table of the "
+                        "clipped exact step (arc navigation, causal curvature, leave-one-out baselines)")
+    parser.add_argument("--clip-batches", type=int, default=4000, help="independent batches of the clip table")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     m_hs = [int(x) for x in args.m_hs.split(",")]
     start = time.perf_counter()
+    if args.clips:
+        clips = [float(x) for x in args.clips.split(",")]
+        print("| setting | m_h | variant | clipped | relative bias (± se) | cos | tr Cov / unclipped | MSE / unclipped |")
+        print("|---|---|---|---|---|---|---|---|")
+        clip_rows = _clip_rows(m_hs, args.clip_batches, clips)
+        for r in clip_rows:
+            print(f"| {r['setting']} | {r['m_h']} | {r['variant']} | {_fmt(r['clipped'], '.2f')} "
+                  f"| {r['relative_bias']:.3f} ± {r['bias_se']:.3f} | {r['cosine']:.3f} | {r['variance_ratio']:.3f} | {r['mse_ratio']:.3f} |")
+        print("\nAgainst the unclipped step ĝ_out + αĤĝ_out on the same batches (its mean is the reference). "
+              "‖αĤĝ_out‖ / ‖ĝ_out‖ per batch: " + "; ".join(
+                  f"{s}, m_h={m}: median {a:.2f}, max {b:.0f}" for s, m, a, b in dict.fromkeys(
+                      (r["setting"], r["m_h"], r["median_length"], r["max_length"]) for r in clip_rows)))
+        print(f"\n{time.perf_counter() - start:.1f} s ({args.clip_batches} batches per row)")
+        return 0
     rows = _gridworld_rows(m_hs, args.batches) + _arc_rows(m_hs, args.arc_batches)
     print("| setting | m_h | estimator | tr Cov / paper's | √tr Cov / ‖v‖ | relative bias | max abs z | T² (dof) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -15,13 +15,15 @@ from fedrl_algos.core.curvature import (
     CURVATURES,
     autograd_curvature_hvp,
     check_curvature,
+    check_curvature_clip,
+    clip_curvature_term,
     coupled_score_weights,
     curvature_vector_product,
     curvature_weights,
 )
 from fedrl_algos.core.estimators import discounted_rewards_to_go
 from fedrl_algos.curvature_stats import curvature_estimator_stats
-from fedrl_algos.per_fedavg_pg import ExactMetaGradient
+from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_algos.reproduce.cli import _estimator_list, _int_list
 from fedrl_algos.reproduce.neural import CurvatureConfig, MetaSweep, arc_policy
@@ -358,3 +360,155 @@ def test_reproduce_curvature_with_meta_training_baselines(tmp_path):
     assert "Beyond the paper" in (tmp_path / "both" / "curvature" / "report.md").read_text()
     assert "Beyond the paper" not in (tmp_path / "plain" / "curvature" / "report.md").read_text()
     assert main(["reproduce", "alpha", "--outer-baseline", "loo", "--out", str(tmp_path / "x")]) == 2
+
+
+# --- the trust region on the curvature term (curvature_clip) ---------------------------------------
+
+
+def test_clip_curvature_term_bounds_each_row_and_keeps_the_others_bitwise():
+    term = _randn(5, 7, seed=20)
+    g_out = _randn(5, 7, seed=21)
+    term[1] *= 50.0  # far beyond the bound
+    term[3] = 0.0
+    g_out[4] = 0.0  # Ĥĝ_out = 0 when ĝ_out = 0: the bound is 0 too
+    ratio = 1.5
+    clipped = clip_curvature_term(term, g_out, ratio)
+    limit = ratio * g_out.norm(dim=-1)
+    assert (clipped.norm(dim=-1) <= limit * (1 + 1e-12)).all()
+    longer = term.norm(dim=-1) > limit
+    assert longer[1] and not longer[3]
+    # shortened rows keep their direction and reach the bound; the others are untouched
+    cos = torch.nn.functional.cosine_similarity(clipped[longer], term[longer], dim=-1)
+    assert torch.allclose(cos[clipped[longer].norm(dim=-1) > 0], torch.ones((), dtype=cos.dtype), atol=1e-12)
+    assert torch.allclose(clipped[longer].norm(dim=-1), limit[longer])
+    assert torch.equal(clipped[~longer], term[~longer])
+    assert clip_curvature_term(term, g_out, None) is term
+    # float32 and a batch of batches
+    t32, g32 = term.float().reshape(5, 1, 7), g_out.float().reshape(5, 1, 7)
+    assert clip_curvature_term(t32, g32, ratio).dtype == torch.float32
+    assert torch.allclose(clip_curvature_term(t32, g32, ratio).reshape(5, 7).double(), clipped, atol=1e-5)
+
+
+def test_check_curvature_clip():
+    assert check_curvature_clip(None) is None and check_curvature_clip(2) == 2.0
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="curvature_clip"):
+            check_curvature_clip(bad)
+    for bad in ("1", True, [1.0]):
+        with pytest.raises(TypeError, match="curvature_clip"):
+            check_curvature_clip(bad)
+
+
+def test_exact_meta_gradient_with_clip_is_g_out_plus_the_clipped_term(tabular, grid_params):
+    """Same streams: the clipped estimate is ĝ_out + clip(αĤĝ_out) of the very batches the plain one
+    uses; a bound no row reaches leaves it bitwise eq. (7); a tensor α per row is clipped per row."""
+    params = index_params(grid_params, torch.zeros(64, dtype=torch.int64))
+    theta = _randn(100, seed=22, scale=0.5).expand(64, -1).contiguous()
+
+    def sampler():
+        return KernelSampler(GRIDWORLD, params, tabular, RandomStreams(derive_keys(7, torch.arange(64))))
+
+    def estimate(alpha=2.0, **kw):
+        return ExactMetaGradient(tabular, GAMMA, alpha, 10, 10, 10, curvature="causal", **kw)(sampler(), theta)
+
+    first_order = FirstOrderMetaGradient(tabular, GAMMA, 2.0, 10, 10)(sampler(), theta)
+    plain = estimate()
+    term = plain - first_order
+    for ratio in (0.25, 1.0):
+        got = estimate(curvature_clip=ratio)
+        want = first_order + clip_curvature_term(term, first_order, ratio)
+        assert torch.allclose(got, want, atol=1e-12)
+        assert ((got - first_order).norm(dim=-1) <= ratio * first_order.norm(dim=-1) * (1 + 1e-9)).all()
+    clipped = estimate(curvature_clip=0.25)
+    assert not torch.allclose(clipped, plain)
+    assert torch.equal(estimate(curvature_clip=1e30), plain)
+    alphas = torch.tensor([0.0, 2.0]).repeat(32).reshape(64, 1)
+    per_row = estimate(alphas, curvature_clip=0.25)
+    assert torch.equal(per_row[::2], estimate(0.0)[::2])
+    assert torch.allclose(per_row[1::2], clipped[1::2], atol=1e-12)
+
+
+def test_curvature_clip_option_validation_and_persistence(tmp_path):
+    for kw in ({"variant": "first_order"}, {"objective": "debiased"}):
+        with pytest.raises(ValueError, match="curvature_clip"):
+            PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature_clip=1.0, device="cpu", **kw)
+    with pytest.raises(ValueError, match="curvature_clip"):
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature_clip=-1.0, device="cpu")
+    with pytest.raises(TypeError, match="curvature_clip"):
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature_clip="1", device="cpu")
+    with pytest.raises(ValueError, match="curvature_clip"):
+        CurvatureConfig(curvature_clip=0.0)
+    with pytest.raises(ValueError, match="curvature_clip"):
+        MetaSweep(arc_policy("cpu"), [0], [10, None], curvature_clip=float("nan"))
+
+    def learn(clip):
+        model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", alpha=2.0, step_size=0.3, curvature="causal",
+                            curvature_clip=clip, seed=6, device="cpu")
+        return model.learn(total_rounds=2)
+
+    model = learn(0.1)
+    assert model.estimator.curvature_clip == 0.1
+    assert torch.equal(model.theta, learn(0.1).theta)  # same seed twice
+    assert not torch.equal(model.theta, learn(None).theta)
+    model.save(tmp_path / "model.zip")
+    loaded = PerFedAvgPG.load(tmp_path / "model.zip", device="cpu")
+    assert loaded.curvature_clip == 0.1 and loaded.estimator.curvature_clip == 0.1
+    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu").estimator.curvature_clip is None
+
+
+def test_meta_sweep_with_curvature_clip():
+    """The clip acts on the exact settings only; the first-order setting and a bound no row reaches
+    are bitwise the unclipped sweep's; the workers do not change the numbers."""
+    policy = arc_policy("cpu")
+
+    def thetas(clip, workers=1):
+        sweep = MetaSweep(policy, [0, 1], [10, None], tau=2, estimators=["causal", "paper"], curvature_clip=clip, workers=workers)
+        sweep.round()
+        return sweep.thetas()
+
+    plain, clipped = thetas(None), thetas(0.1)
+    assert torch.equal(plain[1], clipped[1])
+    assert not torch.equal(plain[0], clipped[0])
+    assert torch.equal(thetas(1e30)[0], plain[0])
+    assert torch.equal(thetas(0.1, workers=2), clipped)
+
+
+def test_reproduce_curvature_with_curvature_clip(tmp_path):
+    import json
+
+    from fedrl_algos.cli import main
+
+    out = tmp_path / "clip"
+    assert main(["reproduce", "curvature", "--quick", "--seeds", "2", "--m-hs", "10", "--curvature-clip", "0.5",
+                 "--no-progress", "--out", str(out)]) == 0
+    payload = json.loads((out / "curvature" / "results.json").read_text())
+    assert payload["settings"]["curvature_clip"] == 0.5
+    assert "trust region" in (out / "curvature" / "report.md").read_text()
+    assert main(["reproduce", "fewshot", "--curvature-clip", "1", "--out", str(tmp_path / "x")]) == 2
+    with pytest.raises(SystemExit):
+        main(["reproduce", "curvature", "--curvature-clip", "0", "--out", str(tmp_path / "y")])
+
+
+def test_curvature_clip_stats_measures_the_trade():
+    """A bound no batch reaches is the unclipped step (no bias, same variance); c = 0.5 shortens
+    batches, lowers the variance and moves the mean (the bias the docs report); the first-order step
+    has the least variance of all."""
+    from fedrl_algos.curvature_stats import curvature_clip_stats
+
+    theta = arc_policy("cpu").theta.detach().clone()
+    loose, tight, first_order = curvature_clip_stats(theta, agent=0, m_h=10, n_batches=300, clips=(1e9, 0.5))
+    assert loose["clipped"] == 0.0 and loose["relative_bias"] < 1e-6 and abs(loose["variance_ratio"] - 1) < 1e-6
+    assert 0 < tight["clipped"] <= 1 and tight["variance_ratio"] < 1 and tight["relative_bias"] > 0
+    assert first_order["variant"] == "first order" and first_order["clipped"] is None
+    assert first_order["variance_ratio"] < tight["variance_ratio"]
+
+
+def test_curvature_stats_clip_table(capsys, monkeypatch):
+    import fedrl_algos.curvature_stats as stats
+
+    # the shared initialization instead of the trained points: the table's layout, not its numbers
+    monkeypatch.setattr(stats, "_clip_rows", lambda m_hs, n, clips: [
+        {"setting": "s", **row} for row in stats.curvature_clip_stats(arc_policy("cpu").theta.detach(), 0, m_hs[0], n, clips)])
+    assert stats.main(["--clips", "1,0.5", "--clip-batches", "50", "--m-hs", "10"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s |")]
+    assert [line.split(" | ")[2] for line in lines] == ["c = 1", "c = 0.5", "first order"]

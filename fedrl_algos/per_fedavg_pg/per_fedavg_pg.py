@@ -16,7 +16,7 @@ from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
 from fedrl_algos.core.adaptation import check_adaptation_baseline
-from fedrl_algos.core.curvature import check_curvature
+from fedrl_algos.core.curvature import check_curvature, check_curvature_clip
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
@@ -97,6 +97,12 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         ``adaptation_baseline``. The exact variant multiplies ĝ_out by ``I + αĤ``, so a less noisy
         ĝ_out also makes the curvature term less noisy. Saved with the model; files saved without it
         load as ``None``
+    :param curvature_clip: ``c`` of a trust region on the exact variant's curvature term: where
+        ``‖αĤĝ_out‖ > c‖ĝ_out‖`` the term is shortened to that length (**biased** where it acts;
+        ``None``, the default, is eq. (7)). With ``c = 1`` the exact variant trains at m_h = 10–50
+        on arc navigation, where it otherwise collapses (``docs/reproduction.md``). Needs
+        ``variant="exact"`` and ``objective="paper"``. Saved with the model; files saved without it
+        load as ``None``
     :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
         accepted with a ``DeprecationWarning`` for one release
 
@@ -140,6 +146,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         adaptation_baseline: str | None = None,
         curvature: str = "paper",
         outer_baseline: str | None = None,
+        curvature_clip: float | None = None,
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -170,6 +177,12 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
             raise ValueError(
                 f"curvature={curvature!r} needs variant='exact' and objective='paper' (only that estimator has a "
                 f"curvature batch), got variant={variant!r}, objective={objective!r}"
+            )
+        self.curvature_clip = check_curvature_clip(curvature_clip)
+        if curvature_clip is not None and (variant != "exact" or objective != "paper"):
+            raise ValueError(
+                f"curvature_clip={curvature_clip!r} needs variant='exact' and objective='paper' (only that estimator has a "
+                f"curvature term), got variant={variant!r}, objective={objective!r}"
             )
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round
@@ -207,7 +220,8 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
                                         outer_baseline=outer)
         if self.variant == "exact":
             return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk,
-                                     inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"), outer_baseline=outer)
+                                     inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"), outer_baseline=outer,
+                                     curvature_clip=self.__dict__.get("curvature_clip"))
         return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline,
                                       outer_baseline=outer)
 

@@ -18,7 +18,13 @@ import torch
 from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
 from fedrl_algos.core.aggregation import OnReject
 from fedrl_algos.core.control_variates import ControlVariates
-from fedrl_algos.core.curvature import check_curvature, curvature_hvp, curvature_weights
+from fedrl_algos.core.curvature import (
+    check_curvature,
+    check_curvature_clip,
+    clip_curvature_term,
+    curvature_hvp,
+    curvature_weights,
+)
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
 from fedrl_algos.core.estimators import hessian_vector_product
 from fedrl_algos.core.federation import Federation
@@ -97,6 +103,9 @@ class ExactMetaGradient(_MetaBase):
     :param curvature: ``"paper"``, ``"causal"`` or ``"lvc"`` (:data:`~fedrl_algos.core.curvature.CURVATURES`)
     :param outer_baseline: baseline of ĝ_out, as ``inner_baseline`` (it multiplies ``Ĥ``: a less
         noisy ĝ_out makes ``Ĥ ĝ_out`` less noisy too)
+    :param curvature_clip: ``c`` of a trust region on the curvature term: ``αĤĝ_out`` is shortened to
+        at most ``c‖ĝ_out‖`` where longer (:func:`~fedrl_algos.core.curvature.clip_curvature_term`;
+        **biased** where it acts); ``None`` (default): eq. (7) as it stands
     """
 
     name = "exact"
@@ -106,11 +115,13 @@ class ExactMetaGradient(_MetaBase):
         inner_baseline: str | None = None,
         curvature: str = "paper",
         outer_baseline: str | None = None,
+        curvature_clip: float | None = None,
     ) -> None:
         super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline)
         self.m_h = check_int("m_h", m_h)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         self.curvature_estimator = check_curvature(curvature)
+        self.curvature_clip = check_curvature_clip(curvature_clip)
 
     @property
     def trajectories_per_step(self) -> int:
@@ -125,7 +136,7 @@ class ExactMetaGradient(_MetaBase):
             sampler(theta, self.m_h)
             return g_out
         curvature = self.curvature(sampler, theta, g_out)
-        return g_out + scale(self.alpha, curvature)
+        return g_out + clip_curvature_term(scale(self.alpha, curvature), g_out, self.curvature_clip)
 
     def curvature(self, sampler: SamplerFn, theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``Ĥ v`` from a fresh batch of ``m_h`` trajectories at θ."""

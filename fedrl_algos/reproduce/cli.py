@@ -13,7 +13,7 @@ from typing import Any
 
 from fedrl_algos._cli_args import positive_float, positive_int
 from fedrl_algos.core.attacks import ATTACKS
-from fedrl_algos.core.curvature import CURVATURES
+from fedrl_algos.core.curvature import CURVATURES, check_curvature_clip
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 from fedrl_algos.reproduce.common import format_duration
 from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, REDUCED_BUDGETS, SB3_REDUCED_BUDGETS
@@ -70,6 +70,7 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--adaptation-baseline": ("adaptation_baseline", None if args.adaptation_baseline in (None, "none") else args.adaptation_baseline),
             "--inner-baseline": ("inner_baseline", None if args.inner_baseline in (None, "none") else args.inner_baseline),
             "--outer-baseline": ("outer_baseline", None if args.outer_baseline in (None, "none") else args.outer_baseline),
+            "--curvature-clip": ("curvature_clip", getattr(args, "curvature_clip", None)),
             "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None)),
             "--kernels": ("kernels", getattr(args, "kernels", None)),
             "--mfpo-optimizer": ("mfpo_optimizer", getattr(args, "mfpo_optimizer", None))}
@@ -93,6 +94,14 @@ def _estimator_list(text: str) -> tuple[str, ...]:
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"estimator must be comma-separated names of {list(CURVATURES)}, got {text!r}")
     return names
+
+
+def _curvature_clip(text: str) -> float:
+    """``--curvature-clip``: a positive finite number (:func:`~fedrl_algos.core.curvature.check_curvature_clip`)."""
+    try:
+        return check_curvature_clip(float(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from error
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -204,6 +213,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--outer-baseline", choices=["none", "loo", "mean"], default=None,
                         help="curvature, fewshot, rollouts: baseline of meta-training's outer gradient ĝ_out, which the exact "
                         "variant multiplies by I + αĤ: none (default), loo (leave-one-out, unbiased) or mean (beyond the paper)")
+    parser.add_argument("--curvature-clip", type=_curvature_clip, default=None, metavar="C",
+                        help="curvature: trust region of the exact variant's curvature term, ‖αĤĝ_out‖ ≤ C‖ĝ_out‖ (biased where "
+                        "it acts; default none: the paper's eq. (7); beyond the paper)")
     parser.add_argument("--kernels", choices=["auto", "torch", "numba"], default=None,
                         help="the kernels on CPU: numba (compiled loops, pip install 'fedrl[fast]'), torch, or auto (default: numba "
                         "where Numba is installed). fewshot, curvature, rollouts: the arc policy's rollouts and gradients (the two give "

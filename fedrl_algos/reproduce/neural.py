@@ -39,7 +39,12 @@ from typing import Any, Self
 import torch
 
 from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
-from fedrl_algos.core.curvature import check_curvature, curvature_vector_product
+from fedrl_algos.core.curvature import (
+    check_curvature,
+    check_curvature_clip,
+    clip_curvature_term,
+    curvature_vector_product,
+)
 from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.sampling import rollout
@@ -266,6 +271,8 @@ class MetaSweep:
         default ``"paper"`` for every setting; ignored for first-order settings)
     :param workers: threads of a local step: the exact settings' Hessian batches run beside the
         first-order estimate (:meth:`direction`; the results do not depend on it)
+    :param curvature_clip: trust region of the exact settings' curvature term, ``‖αĤĝ_out‖ ≤ c‖ĝ_out‖``
+        (:func:`~fedrl_algos.core.curvature.clip_curvature_term`; ``None``: eq. (7))
     """
 
     def __init__(
@@ -285,8 +292,10 @@ class MetaSweep:
         estimators: Sequence[str] | None = None,
         workers: int = 1,
         outer_baseline: str | None = None,
+        curvature_clip: float | None = None,
     ) -> None:
         self.policy, self.family = policy, family
+        self.curvature_clip = check_curvature_clip(curvature_clip)
         self.workers = check_workers(workers)
         self.device = policy.theta.device
         self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
@@ -343,8 +352,9 @@ class MetaSweep:
                 rows = slice(s * self.n_seeds, (s + 1) * self.n_seeds)
                 traj = fast_rollout(self.family, params, self.policy, local[rows], streams, self.m_hs[s])
                 g_out_ready.wait()
-                terms[s] = self.alpha * curvature_vector_product(
+                term = self.alpha * curvature_vector_product(
                     self.policy, local[rows], traj, g_out[0][rows], self.gamma, self.estimators[s])
+                terms[s] = clip_curvature_term(term, g_out[0][rows], self.curvature_clip)
             return terms
 
         def first_order_then(settings: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -440,10 +450,14 @@ class CurvatureConfig(MetaTrainingConfig):
     inner_baseline: str | None = None
     """baseline of meta-training's inner step ĝ_in (``None``: the paper's; ``"loo"``, ``"mean"``); the
     evaluation's adaptation step stays the paper's; beyond the paper"""
+    curvature_clip: float | None = None
+    """trust region of the exact variant's curvature term, ``‖αĤĝ_out‖ ≤ c‖ĝ_out‖`` (``None``: the
+    paper's eq. (7); :func:`~fedrl_algos.core.curvature.clip_curvature_term`, biased where it acts); beyond the paper"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_adaptation_baseline(self.inner_baseline, "inner_baseline")
+        check_curvature_clip(self.curvature_clip)
         if not self.estimators:
             raise ValueError("estimators must name at least one curvature estimator")
         for e in self.estimators:
@@ -492,7 +506,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         settings = [m_h for _, m_h in pairs]
         sweep = MetaSweep(policy, range(n_seeds), settings, cfg.alpha, cfg.beta, cfg.tau, cfg.m_in, cfg.m_out,
                           inner_baseline=cfg.inner_baseline, estimators=[e or "paper" for e, _ in pairs], workers=cfg.workers,
-                          outer_baseline=cfg.outer_baseline)
+                          outer_baseline=cfg.outer_baseline, curvature_clip=cfg.curvature_clip)
         records: list[dict[str, Any]] = []
 
         def log(round_: int) -> dict[str, torch.Tensor]:
@@ -559,6 +573,10 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                 f"Beyond the paper: meta-training's inner step ĝ_in with baseline {cfg.inner_baseline!r} and outer gradient ĝ_out "
                 f"with baseline {cfg.outer_baseline!r} (None: the paper's eq. (2); 'loo': leave-one-out, unbiased); the "
                 "evaluation's adaptation step is the paper's. The paper column is the paper's estimator without baselines.")
+        if cfg.curvature_clip is not None:
+            notes.append(
+                f"Beyond the paper: the exact variant's curvature term αĤĝ_out is shortened to at most {cfg.curvature_clip:g}·‖ĝ_out‖ "
+                "where longer (a trust region on I + αĤ; biased where it acts). The first-order reference has no curvature term.")
         settings_out = {"seeds": n_seeds, "gamma": GAMMA, "dtype": "float32", "n_agents": 6,
                         "kernels": resolve_kernels(cfg.kernels, device)}
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
