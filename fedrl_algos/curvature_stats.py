@@ -195,7 +195,7 @@ def _arc_rows(m_hs: Sequence[int], n_batches: int, trained_rounds: int = 50) -> 
 
 def curvature_clip_stats(
     theta: torch.Tensor, agent: int, m_h: int, n_batches: int, clips: Sequence[float], seed: int = 5, alpha: float = 1.0,
-    m_in: int = 10, m_out: int = 10, baseline: str | None = "loo", curvature: str = "causal",
+    m_in: int = 10, m_out: int = 10, baseline: str | None = "loo", curvature: str = "causal", gamma: float = 0.9,
 ) -> list[dict[str, Any]]:
     """The exact variant's whole step ``ĝ_out + αĤĝ_out`` on arc navigation against the same step with
     its curvature term clipped (:func:`~fedrl_algos.core.curvature.clip_curvature_term`) and against
@@ -212,6 +212,7 @@ def curvature_clip_stats(
     :param clips: the bounds ``c`` to compare
     :param baseline: baseline of ĝ_in and ĝ_out (:mod:`fedrl_algos.core.adaptation`)
     :param curvature: the curvature estimator
+    :param gamma: discount (the arc experiment's 0.9)
     """
     from fedrl_algos.core.curvature import clip_curvature_term
     from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
@@ -226,10 +227,10 @@ def curvature_clip_stats(
     def streams(offset: int) -> RandomStreams:
         return RandomStreams(derive_keys(int(seed) + offset, torch.arange(n)))
 
-    first_order = FirstOrderMetaGradient(policy, 0.9, alpha, m_in, m_out, baseline, baseline)
+    first_order = FirstOrderMetaGradient(policy, gamma, alpha, m_in, m_out, baseline, baseline)
     g_out = first_order(FastSampler(ARC_NAVIGATION, params, policy, streams(0)), th)
     traj = fast_rollout(ARC_NAVIGATION, params, policy, th, streams(1), check_int("m_h", m_h))
-    term = alpha * curvature_vector_product(policy, th, traj, g_out, 0.9, curvature)
+    term = alpha * curvature_vector_product(policy, th, traj, g_out, gamma, curvature)
     plain = (g_out + term).to(torch.float64)
     reference = plain.mean(0)
     scale = float(reference.norm())

@@ -225,8 +225,6 @@ def _softmax_loop() -> Any:
     return compile_loop(_softmax_rows, {"expf": expf}, (_expf,))
 
 
-
-
 def compiled_softmax(table: torch.Tensor) -> torch.Tensor:
     """``torch.softmax(table, -1)`` of a float32 CPU ``[..., A]`` table by the compiled loop (where
     :func:`compiled_softmax_applies`: the same bits)."""
@@ -261,5 +259,3 @@ def compiled_softmax_applies(policy: Any, theta: torch.Tensor, n_actions: int) -
         and resolve_kernels(getattr(policy, "kernels", "torch"), theta.device) == "numba"
         and _matches_torch_softmax()
     )
-
-
