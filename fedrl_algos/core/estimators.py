@@ -23,6 +23,7 @@ from fedrl_algos.core.trajectories import Trajectories
 
 __all__ = [
     "discounted_rewards_to_go",
+    "relative_rewards_to_go",
     "reward_to_go_weights",
     "masked_log_prob",
     "autograd_score_gradient",
@@ -38,6 +39,21 @@ def discounted_rewards_to_go(rewards: torch.Tensor, gamma: float) -> torch.Tenso
     discount = gamma ** torch.arange(steps, dtype=rewards.dtype, device=rewards.device)
     discounted = rewards * discount
     return discounted.flip(-1).cumsum(-1).flip(-1)
+
+
+def relative_rewards_to_go(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``G^h = Σ_{t ≥ h} γ^(t−h) r_t`` along the last axis (discounting relative to step h).
+
+    ``G^h = R^h / γ^h`` in exact arithmetic, but that quotient overflows once ``γ^h`` underflows;
+    the product with the upper-triangular matrix ``γ^(t−h)`` (``T × T``, underflowing harmlessly
+    to 0 far from the diagonal) is exact at every length and one batched matmul.
+    """
+    steps = rewards.shape[-1]
+    index = torch.arange(steps, device=rewards.device)
+    lag = index.unsqueeze(0) - index.unsqueeze(1)  # [h, t] = t − h
+    discount = torch.where(lag >= 0, torch.tensor(gamma, dtype=rewards.dtype, device=rewards.device) ** lag.clamp(min=0).to(rewards.dtype),
+                           torch.zeros((), dtype=rewards.dtype, device=rewards.device))
+    return rewards @ discount.transpose(0, 1)
 
 
 def reward_to_go_weights(traj: Trajectories, gamma: float) -> torch.Tensor:

@@ -21,6 +21,14 @@ each batch row and only over the trajectories still running at ``h``:
 * ``"mean"`` — the batch mean including j (biased by O(1/m), slightly lower variance);
 * ``None`` — no baseline.
 
+``discounting="relative"`` replaces ``R^h`` in GPOMDP by ``G^h = Σ_{t ≥ h} γ^(t−h) r_t``
+(:func:`~fedrl_algos.core.estimators.relative_rewards_to_go`), i.e. drops the factor ``γ^h`` of
+step h. The estimate is then no longer the gradient of the discounted return J but the update
+every actor-critic library makes (SB3's A2C/PPO, with a value function in place of ``b_h``;
+Thomas 2014, Nota & Thomas 2020 on its bias): every step of a long episode carries weight,
+where absolute discounting fades step h by ``γ^h`` (at γ = 0.95 the steps after the first ~60
+contribute almost nothing). ``"absolute"`` (default) is the papers' estimator.
+
 Every function is batched over leading dimensions ``[*B]`` (e.g. ``(run, agent)``) and makes one
 autograd call for the whole batch; nothing loops over agents or trajectories.
 """
@@ -32,12 +40,14 @@ import math
 import torch
 
 from fedrl_algos.core.directions import GradientEstimator
-from fedrl_algos.core.estimators import autograd_score_gradient, discounted_rewards_to_go, masked_log_prob
+from fedrl_algos.core.estimators import autograd_score_gradient, discounted_rewards_to_go, masked_log_prob, relative_rewards_to_go
 from fedrl_algos.core.trajectories import Trajectories
 
 __all__ = [
     "BASELINES",
     "ESTIMATORS",
+    "DISCOUNTINGS",
+    "check_discounting",
     "check_estimator_and_baseline",
     "time_baseline",
     "gpomdp_weights",
@@ -58,6 +68,8 @@ __all__ = [
 BASELINES = ("loo", "mean", None)
 #: accepted values of every ``estimator`` argument
 ESTIMATORS = ("gpomdp", "reinforce")
+#: accepted values of every ``discounting`` argument (see the module docstring)
+DISCOUNTINGS = ("absolute", "relative")
 
 
 def check_estimator_and_baseline(estimator: str, baseline: str | None) -> None:
@@ -66,6 +78,16 @@ def check_estimator_and_baseline(estimator: str, baseline: str | None) -> None:
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
     _check_baseline(baseline)
+
+
+def check_discounting(estimator: str, discounting: str) -> str:
+    """``discounting`` if it is one of :data:`DISCOUNTINGS` and fits ``estimator``, else a ``ValueError``."""
+    if discounting not in DISCOUNTINGS:
+        raise ValueError(f"discounting must be one of {DISCOUNTINGS}, got {discounting!r}")
+    if discounting == "relative" and estimator != "gpomdp":
+        raise ValueError(f"discounting='relative' needs estimator='gpomdp' (REINFORCE weights every step by the return from step 0), "
+                         f"got estimator={estimator!r}")
+    return discounting
 
 
 def _check_baseline(baseline: str | None) -> None:
@@ -93,9 +115,11 @@ def time_baseline(values: torch.Tensor, mask: torch.Tensor, baseline: str | None
     return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total)).expand_as(values)
 
 
-def gpomdp_weights(traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:
-    """GPOMDP step weights ``ψ_{j,h} = mask (R^h_j − b_h)``: ``[*B, m, T]``."""
-    reward_to_go = discounted_rewards_to_go(traj.rewards * traj.mask, gamma)
+def gpomdp_weights(traj: Trajectories, gamma: float, baseline: str | None = "loo", discounting: str = "absolute") -> torch.Tensor:
+    """GPOMDP step weights ``ψ_{j,h} = mask (R^h_j − b_h)``: ``[*B, m, T]`` (``G^h`` in place of
+    ``R^h`` with ``discounting="relative"``)."""
+    to_go = relative_rewards_to_go if check_discounting("gpomdp", discounting) == "relative" else discounted_rewards_to_go
+    reward_to_go = to_go(traj.rewards * traj.mask, gamma)
     return (reward_to_go - time_baseline(reward_to_go, traj.mask, baseline)) * traj.mask
 
 
@@ -109,10 +133,13 @@ def reinforce_weights(traj: Trajectories, gamma: float, baseline: str | None = "
     return (ret - time_baseline(ret, ones, baseline)) * traj.mask
 
 
-def step_weights(traj: Trajectories, gamma: float, estimator: str = "gpomdp", baseline: str | None = "loo") -> torch.Tensor:
+def step_weights(
+    traj: Trajectories, gamma: float, estimator: str = "gpomdp", baseline: str | None = "loo", discounting: str = "absolute"
+) -> torch.Tensor:
     """``ψ`` of ``estimator`` (``"gpomdp"`` or ``"reinforce"``): ``[*B, m, T]``."""
+    check_discounting(estimator, discounting)
     if estimator == "gpomdp":
-        return gpomdp_weights(traj, gamma, baseline)
+        return gpomdp_weights(traj, gamma, baseline, discounting)
     if estimator == "reinforce":
         return reinforce_weights(traj, gamma, baseline)
     raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
@@ -261,10 +288,19 @@ class ScoreFunctionGradient(GradientEstimator):
     :param baseline: ``"loo"``, ``"mean"`` or ``None``
     :param normalize_advantage: divide the step weights by their standard deviation over each
         batch row (:func:`normalize_step_weights`)
+    :param discounting: ``"absolute"`` (``R^h``, the gradient of J) or ``"relative"`` (``G^h``;
+        GPOMDP only, see the module docstring)
     """
 
     def __init__(
-        self, policy, gamma: float, m: int, estimator: str = "gpomdp", baseline: str | None = "loo", normalize_advantage: bool = False
+        self,
+        policy,
+        gamma: float,
+        m: int,
+        estimator: str = "gpomdp",
+        baseline: str | None = "loo",
+        normalize_advantage: bool = False,
+        discounting: str = "absolute",
     ) -> None:
         super().__init__(policy, gamma)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
@@ -273,6 +309,7 @@ class ScoreFunctionGradient(GradientEstimator):
         if not isinstance(normalize_advantage, bool):
             raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
         self.m, self.estimator, self.baseline = m, estimator, baseline
+        self.discounting = check_discounting(estimator, discounting)
         self.normalize_advantage = normalize_advantage
         self.name = estimator
 
@@ -282,7 +319,7 @@ class ScoreFunctionGradient(GradientEstimator):
 
     def weights(self, traj: Trajectories) -> torch.Tensor:
         """The step weights ψ of this estimator for ``traj`` (normalized if asked)."""
-        psi = step_weights(traj, self.gamma, self.estimator, self.baseline)
+        psi = step_weights(traj, self.gamma, self.estimator, self.baseline, self.discounting)
         return normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi
 
     def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:

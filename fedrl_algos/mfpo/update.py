@@ -152,6 +152,9 @@ class MFPOUpdate:
     :param normalize_advantage: divide every batch's step weights ψ by their standard deviation
         (:func:`~fedrl_algos.core.gpomdp.normalize_step_weights`); g and the weighted g_prev of
         eq. (3) share the batch and so the divisor
+    :param discounting: ``"absolute"`` (the paper's, ``R^h = Σ_{t≥h} γ^t r_t``) or ``"relative"``
+        (``Σ_{t≥h} γ^(t−h) r_t``, every step weighted alike; not the gradient of J, see
+        :mod:`fedrl_algos.core.gpomdp`)
     :param optimizer: ``"sgd"``: the paper's steps ``θ ← θ + α_t ũ`` (eq. 5 and 7); ``"adam"``: Adam
         steps of size α_t along ũ, the agents' Adam moments averaged by the server with the
         directions (the state's ``moments``; not the paper's, see ``docs/algorithms/mfpo.md``)
@@ -172,12 +175,13 @@ class MFPOUpdate:
         self_normalize: bool = False,
         normalize_advantage: bool = False,
         optimizer: str = "sgd",
+        discounting: str = "absolute",
     ) -> None:
         self.policy = policy
         self.optimizer = check_server_optimizer("optimizer", optimizer)
         self.local_steps = local_steps
-        self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage)
-        self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline, normalize_advantage)
+        self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage, discounting)
+        self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline, normalize_advantage, discounting)
         self.step_size = step_size
         self.momentum = momentum
         self.max_importance_weight = max_importance_weight
