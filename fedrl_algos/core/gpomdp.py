@@ -40,7 +40,12 @@ import math
 import torch
 
 from fedrl_algos.core.directions import GradientEstimator
-from fedrl_algos.core.estimators import autograd_score_gradient, discounted_rewards_to_go, masked_log_prob, relative_rewards_to_go
+from fedrl_algos.core.estimators import (
+    autograd_score_gradient,
+    discounted_rewards_to_go,
+    masked_log_prob,
+    relative_rewards_to_go,
+)
 from fedrl_algos.core.trajectories import Trajectories
 
 __all__ = [

@@ -19,7 +19,7 @@ from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_estimator_and_baseline
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
 from fedrl_algos.fedavg_pg.update import fedavg_pg_round
@@ -82,6 +82,10 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         Gymnasium env's ``max_episode_steps − 1``)
     :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
+    :param discounting: ``"absolute"`` (default, the papers' estimator: step h's reward-to-go
+        ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
+        weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
+        :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
     :param deprecated_kwargs: ``beta`` (now ``step_size``), ``tau`` (now ``local_steps``) and
         ``m_in``/``m_h``/``m_out`` (now their sum ``n_trajectories``; missing ones count 10, as
         before), accepted with a ``DeprecationWarning`` for one release
@@ -127,6 +131,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         n_agents: int | None = None,
         horizon: int | None = None,
         normalize_observations: bool = False,
+        discounting: str = "absolute",
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -142,6 +147,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
         check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
+        self.discounting = check_discounting(estimator, discounting)
         self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
         if isinstance(server_step_size, bool) or not (isinstance(server_step_size, int | float) and server_step_size > 0):
             raise ValueError(f"server_step_size must be a number > 0, got {server_step_size!r}")
@@ -191,7 +197,8 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
-        honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline)
+        honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline,
+                                       discounting=self.__dict__.get("discounting", "absolute"))
         if not self.byzantine_agents or self.attack.name == "none":
             return honest
         mask = torch.zeros(self.n_agents, dtype=torch.bool)

@@ -18,7 +18,7 @@ from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.core.directions import check_step_size
-from fedrl_algos.core.gpomdp import check_estimator_and_baseline
+from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
 from fedrl_algos.policies import FlatPolicy
@@ -85,6 +85,10 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     :param server_optimizer: the inner-loop step: ``"sgd"`` (plain ascent with step η) or
         ``"adam"`` (Adam with step size η along the variance-reduced direction, state kept across
         rounds in :attr:`optimizer_state`; FedPG-BR's own experiments use Adam)
+    :param discounting: ``"absolute"`` (default, the papers' estimator: step h's reward-to-go
+        ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
+        weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
+        :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
     :param deprecated_kwargs: ``learning_rate`` (now ``step_size``), accepted with a
         ``DeprecationWarning`` for one release
 
@@ -132,6 +136,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         horizon: int | None = None,
         normalize_observations: bool = False,
         server_optimizer: str = "sgd",
+        discounting: str = "absolute",
         _init_setup_model: bool = True,
         **deprecated_kwargs: Any,
     ) -> None:
@@ -154,6 +159,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         self.max_byzantine_fraction = float(max_byzantine_fraction)
         check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
+        self.discounting = check_discounting(estimator, discounting)
         if max_importance_weight is not None and not (isinstance(max_importance_weight, int | float) and max_importance_weight >= 1):
             raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
         self.max_importance_weight = max_importance_weight
@@ -201,6 +207,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
             self.use_filter,
             self.attack,
             self.server_optimizer,
+            self.__dict__.get("discounting", "absolute"),
         )
         self._setup_server_state()
         self._make_server_sampler()

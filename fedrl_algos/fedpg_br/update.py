@@ -239,6 +239,7 @@ class FedPGBRUpdate:
     :param optimizer: the server's inner-loop step: ``"sgd"`` (``θ ← θ + η v``) or ``"adam"``
         (Adam with step size η along ``v``, its state carried across rounds: the optimizer of
         FedPG-BR's experiments)
+    :param discounting: ``"absolute"`` or ``"relative"`` reward-to-go (:mod:`fedrl_algos.core.gpomdp`)
     """
 
     def __init__(
@@ -257,6 +258,7 @@ class FedPGBRUpdate:
         use_filter: bool = True,
         attack: Attack | str | None = None,
         optimizer: str = "sgd",
+        discounting: str = "absolute",
     ) -> None:
         self.policy = policy
         self.b_min, self.b_max = batch_range
@@ -265,7 +267,7 @@ class FedPGBRUpdate:
         self.sigma = sigma
         self.delta = delta
         self.max_byzantine_fraction = max_byzantine_fraction
-        self.estimator = ScoreFunctionGradient(policy, gamma, self.b_max, estimator, baseline)
+        self.estimator = ScoreFunctionGradient(policy, gamma, self.b_max, estimator, baseline, discounting=discounting)
         self.max_importance_weight = max_importance_weight
         self.use_filter = use_filter
         self.attack = make_attack(attack)

@@ -14,7 +14,7 @@ import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
-from fedrl_algos.core.gpomdp import check_estimator_and_baseline
+from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
@@ -85,6 +85,10 @@ class MFPO(FederatedAlgorithm):
         MFPO learn Pendulum: ``step_size=3e-3, momentum=0.5``, ``docs/algorithms/mfpo.md``). The
         agents' moments are kept in ``agent_adam_step``, ``agent_adam_first`` and ``agent_adam_second``
         and saved with the model
+    :param discounting: ``"absolute"`` (default, the papers' estimator: step h's reward-to-go
+        ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
+        weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
+        :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -123,6 +127,7 @@ class MFPO(FederatedAlgorithm):
         horizon: int | None = None,
         normalize_observations: bool = False,
         optimizer: str = "sgd",
+        discounting: str = "absolute",
         _init_setup_model: bool = True,
     ) -> None:
         self.optimizer = check_server_optimizer("optimizer", optimizer)
@@ -135,6 +140,7 @@ class MFPO(FederatedAlgorithm):
         self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
         check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
+        self.discounting = check_discounting(estimator, discounting)
         if max_importance_weight is not None and not (
             isinstance(max_importance_weight, int | float) and not isinstance(max_importance_weight, bool) and max_importance_weight >= 1.0
         ):
@@ -180,6 +186,7 @@ class MFPO(FederatedAlgorithm):
             self.self_normalize_weights,
             self.__dict__.get("normalize_advantage", False),
             self._optimizer,
+            self.__dict__.get("discounting", "absolute"),
         )
         d, dtype = self.policy.n_params, self.policy.theta.dtype
         if self.__dict__.get("agent_direction") is None:

@@ -42,7 +42,7 @@ from gymnasium import spaces
 from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.fedavg_pg import fedavg_pg_round
@@ -135,6 +135,9 @@ class MethodConfig:
         ``init_std`` (``MlpPolicy``'s ``init_gains``; the MuJoCo rows use SB3's ``(√2, 0.01)``)
     :param mfpo_optimizer: MFPO's step rule (``MFPO``'s ``optimizer``): ``"sgd"``, the paper's
         ``θ ← θ + α_t ũ``, or ``"adam"``, Adam steps of size α_t (``step_size``) along ũ
+    :param gamma: the discount γ of the three methods' estimates (the paper's 0.99)
+    :param discounting: the reward-to-go of MFPO's, FedAvg-PG's and FedPG-BR's GPOMDP estimates:
+        ``"absolute"`` (the papers') or ``"relative"`` (:mod:`fedrl_algos.core.gpomdp`; not the paper's)
     """
 
     local_steps: int = 10
@@ -161,8 +164,13 @@ class MethodConfig:
     log_std_init: float = 0.0
     init_gains: tuple[float, float] | None = None
     mfpo_optimizer: str = "sgd"
+    discounting: str = "absolute"
+    gamma: float = GAMMA
 
     def __post_init__(self) -> None:
+        check_discounting("gpomdp", self.discounting)
+        if isinstance(self.gamma, bool) or not (isinstance(self.gamma, int | float) and 0 < self.gamma <= 1):
+            raise ValueError(f"gamma must be a number in (0, 1], got {self.gamma!r}")
         check_server_optimizer("server_optimizer", self.server_optimizer)
         check_server_optimizer("mfpo_optimizer", self.mfpo_optimizer)
         for name in ("server_lr", "fedpg_br_lr"):
@@ -212,7 +220,7 @@ class Population:
         one = tasks[0]
         actions = self.family.action_space(one)
         self.policy = _mlp_policy(self.family.observation_space(one), actions, cfg).to(device)
-        self.federation = Federation(self.family, self.params, self.policy, self.seeds, GAMMA)
+        self.federation = Federation(self.family, self.params, self.policy, self.seeds, cfg.gamma)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
 
@@ -236,7 +244,7 @@ class Population:
         else:
             self.policy = _mlp_policy(space, actions, cfg).to(device)
         eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
-        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, GAMMA, cfg.horizon, eval_env, stop_when_done=True)
+        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, cfg.gamma, cfg.horizon, eval_env, stop_when_done=True)
 
     def server_sampler(self, inner_batch_size: int) -> Any:
         """FedPG-BR's server sampler: the family's kernels, or ``b`` environments of the server's own per run."""
@@ -315,11 +323,11 @@ def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum
     """MFPO (or, with ``momentum=False``, the same update with ν = 0) on every seed at once."""
     cfg = pop.cfg
     update = MFPOUpdate(
-        pop.policy, GAMMA, cfg.local_steps, cfg.n_trajectories,
+        pop.policy, cfg.gamma, cfg.local_steps, cfg.n_trajectories,
         cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
         cfg.step_size, cfg.momentum if momentum else (lambda t, a: 0.0),
         max_importance_weight=cfg.max_importance_weight, normalize_advantage=cfg.normalize_advantage,
-        optimizer=cfg.mfpo_optimizer,
+        optimizer=cfg.mfpo_optimizer, discounting=cfg.discounting,
     )
     state = MFPOState.initial(pop.initial_theta(), pop.n_agents, cfg.mfpo_optimizer)
     curve = _Curve(pop, budget, max_rounds, bar)
@@ -368,7 +376,8 @@ def train_fedavg(pop: Population, budget: float, attack: Any = None, byzantine: 
     unprotected baseline of FedPG-BR's experiments.
     """
     cfg = pop.cfg
-    counting = _Counting(ScoreFunctionGradient(pop.policy, GAMMA, cfg.n_trajectories, normalize_advantage=cfg.normalize_advantage))
+    counting = _Counting(ScoreFunctionGradient(pop.policy, cfg.gamma, cfg.n_trajectories, normalize_advantage=cfg.normalize_advantage,
+                                                      discounting=cfg.discounting))
     mask = torch.zeros(pop.n_agents, dtype=torch.bool)
     mask[list(byzantine)] = True
     estimator: GradientEstimator = AttackedEstimator(counting, make_attack(attack), mask) if attack else counting
@@ -395,8 +404,9 @@ def train_fedpg_br(pop: Population, budget: float, attack: Any = None, byzantine
     # The Gymnasium rows' tanh-Gaussian policies: untruncated inner-loop importance weights overflowed
     # to non-finite parameters within two quick rounds on HalfCheetah, so they use MFPO's truncation.
     truncation = cfg.max_importance_weight if pop.family is None else None
-    update = FedPGBRUpdate(pop.policy, GAMMA, cfg.batch_range, cfg.inner_batch_size, cfg.fedpg_br_lr, "auto", 0.6, 0.4,
-                           max_importance_weight=truncation, use_filter=use_filter, attack=attack, optimizer=cfg.server_optimizer)
+    update = FedPGBRUpdate(pop.policy, cfg.gamma, cfg.batch_range, cfg.inner_batch_size, cfg.fedpg_br_lr, "auto", 0.6, 0.4,
+                           max_importance_weight=truncation, use_filter=use_filter, attack=attack, optimizer=cfg.server_optimizer,
+                           discounting=cfg.discounting)
     n = pop.n_agents
     server = pop.server_sampler(cfg.inner_batch_size)
     noise = attack_streams(pop.federation.streams)
@@ -861,7 +871,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
         if config.mfpo_optimizer == "adam":
             notes.append("MFPO ran with Adam steps along its momentum direction (mfpo_optimizer='adam', not the paper's step rule): "
                          + ", ".join(f"{k}={v}" for k, v in mfpo_cfg.describe().items() if v != cfg.describe().get(k)))
-        settings = {"budget": budget, "sweep_budget": sweep_budget, "sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": GAMMA,
+        settings = {"budget": budget, "sweep_budget": sweep_budget, "sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": cfg.gamma,
                     "seeds": seeds, "wall_time_per_method_s": wall, "mfpo_methods": mfpo_cfg.describe()}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
@@ -1054,7 +1064,7 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
             f"round the server averages one GPOMDP gradient from {cfg.n_trajectories} trajectories per agent (K = {cfg.local_steps}).",
             "wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in wall.items()),
         ]
-        settings = {"methods": cfg.describe(), "byzantine_agents": list(config.byzantine_agents), "gamma": GAMMA,
+        settings = {"methods": cfg.describe(), "byzantine_agents": list(config.byzantine_agents), "gamma": cfg.gamma,
                     "filter": {"sigma": "auto", "delta": 0.6, "max_byzantine_fraction": 0.4}, "wall_time_per_run_s": wall}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
