@@ -22,15 +22,13 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies import TabularPolicy
 
 
-def _traj(rows: int = 2, m: int = 4, horizon: int = 7, seed: int = 0) -> Trajectories:
-    gen = torch.Generator().manual_seed(seed)
-    mask = torch.ones(rows, m, horizon, dtype=torch.float64)
-    mask[0, 1, 3:] = 0
-    mask[1, :, 5:] = 0
-    rewards = torch.randn(rows, m, horizon, dtype=torch.float64, generator=gen) * mask
-    states = torch.randint(0, 4, (rows, m, horizon), generator=gen)
-    actions = torch.randint(0, 2, (rows, m, horizon), generator=gen)
-    return Trajectories(states, actions, rewards, mask)
+def _traj(horizon: int = 7) -> Trajectories:
+    """2 rows × 4 trajectories; some end early (padding after their last step)."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([[7, 3, 7, 6], [5, 5, 5, 5]])
+    mask = (torch.arange(horizon) < lengths.unsqueeze(-1)).to(torch.float64)
+    rewards = torch.randn(mask.shape, dtype=torch.float64, generator=gen) * mask
+    return Trajectories(torch.randint(0, 4, mask.shape, generator=gen), torch.randint(0, 2, mask.shape, generator=gen), rewards, mask)
 
 
 def test_relative_rewards_to_go_match_the_backward_recursion_and_the_rescaled_absolute_ones():
