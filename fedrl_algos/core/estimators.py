@@ -50,9 +50,8 @@ def relative_rewards_to_go(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     """
     steps = rewards.shape[-1]
     index = torch.arange(steps, device=rewards.device)
-    lag = index.unsqueeze(0) - index.unsqueeze(1)  # [h, t] = t − h
-    discount = torch.where(lag >= 0, torch.tensor(gamma, dtype=rewards.dtype, device=rewards.device) ** lag.clamp(min=0).to(rewards.dtype),
-                           torch.zeros((), dtype=rewards.dtype, device=rewards.device))
+    lag = (index.unsqueeze(0) - index.unsqueeze(1)).to(rewards.dtype)  # [h, t] = t − h
+    discount = torch.where(lag >= 0, gamma ** lag.clamp(min=0), 0.0)
     return rewards @ discount.transpose(0, 1)
 
 
