@@ -66,6 +66,7 @@ def atari_gradient_snr(game: str = "pong", episodes: int = 200, seed: int = 0, g
     :return: ``{"agents": [batch_snr of agent 0, ...], "return": mean return per agent, "seconds": wall time}``
     """
     from fedrl_algos.core.gpomdp import gpomdp_weights, score_gradient
+    from fedrl_algos.core.trajectories import Trajectories
     from fedrl_algos.reproduce.mfpo import MethodConfig, Population
 
     if game not in ("pong", "breakout"):
@@ -76,13 +77,14 @@ def atari_gradient_snr(game: str = "pong", episodes: int = 200, seed: int = 0, g
     theta = pop.initial_theta().unsqueeze(1).expand(1, 2, -1).contiguous()
     traj = pop.federation.sampler(theta, episodes)
     psi = gpomdp_weights(traj, gamma, "loo", discounting)
-    # One episode at a time: the per-episode terms of a CNN over all episodes at once would hold
-    # every episode's activations and its own copy of the gradient in one graph.
-    terms = [score_gradient(pop.policy, theta, traj._replace(obs=traj.obs[:, :, j:j + 1], actions=traj.actions[:, :, j:j + 1],
-                                                             rewards=traj.rewards[:, :, j:j + 1], mask=traj.mask[:, :, j:j + 1]),
-                            psi[:, :, j:j + 1]).detach()[0]
-             for j in range(episodes)]
-    per_episode = torch.stack(terms, 1)  # [agents, episodes, d]
+    # The library's per-trajectory terms, a chunk of episodes at a time: all episodes in one graph
+    # would hold every frame's CNN activations at once.
+    chunk = 10
+    per_episode = torch.cat([
+        score_gradient(pop.policy, theta, Trajectories(*(x[:, :, j:j + chunk] for x in traj)), psi[:, :, j:j + chunk],
+                       per_trajectory=True).detach()[0]
+        for j in range(0, episodes, chunk)
+    ], -2)  # [agents, episodes, d]
     return {"agents": [batch_snr(per_episode[i], batch_sizes) for i in range(per_episode.shape[0])],
             "return": traj.rewards.sum(-1).mean(-1).reshape(-1).tolist(), "seconds": time.perf_counter() - start}
 
