@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
+import os
 import resource
 import sys
 import time
@@ -45,7 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedrl_algos._bench_policies import _mlp_policy, _tabular_policy
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos._cli_args import finish_bench, non_negative_int, positive_int, set_threads
 from fedrl_algos.bench_vector import _rate
 
 __all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
@@ -524,3 +526,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
     for add_target in BENCH_TARGETS:
         add_target(targets)
+    for parser in targets.choices.values():
+        parser.add_argument(
+            "--background-load", type=non_negative_int, default=0, metavar="N",
+            help="run N busy processes (one core each, ended with the benchmark, at most an hour) beside the "
+            "timing, for the figure on a loaded machine (default 0)",
+        )
+        parser.set_defaults(func=_under_background_load(parser.get_default("func")))
+
+
+def _under_background_load(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A target's command run beside ``args.background_load`` busy processes (:mod:`fedrl_algos.background_load`)."""
+
+    @functools.wraps(run)
+    def command(args: argparse.Namespace) -> int:
+        n = getattr(args, "background_load", 0)
+        if not n:
+            return run(args)
+        from fedrl_algos.background_load import background_load
+
+        with background_load(n):
+            print(f"background load: {n} busy process(es) beside the timing ({os.cpu_count()} cores)")
+            return run(args)
+
+    return command

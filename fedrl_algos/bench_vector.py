@@ -10,7 +10,12 @@ Every row times, in the same process and on the same random actions, env steps p
   Pendulum, so Pendulum's baseline is ``SyncVectorEnv`` over ``Pendulum-v1`` (timed at
   ``min(n, sync_max_envs)`` envs: its cost is linear in the number of envs);
 * **gymnax** (when installed): ``jax.jit(jax.vmap(env.step))`` of gymnax's ``CartPole-v1`` /
-  ``Pendulum-v1`` (gymnax steps auto-reset), JAX on the CPU, timed with ``block_until_ready``;
+  ``Pendulum-v1`` (gymnax steps auto-reset), JAX on the CPU, called once per step and timed with
+  ``block_until_ready``;
+* **gymnax-scan** (when installed): gymnax as its users run it: one ``jax.jit`` of ``lax.scan``
+  over :data:`SCAN_STEPS` steps of ``vmap(env.step)``, the random actions drawn inside the scan and
+  the steps' observations, rewards and done flags returned stacked (a rollout's record), so one
+  call is one XLA program per 128 steps;
 * **envpool** (when installed): ``envpool.make_gymnasium(id, num_envs=n)`` with one thread per core.
 
 All of them start from their own reset and take uniformly random actions drawn before the clock
@@ -35,7 +40,9 @@ __all__ = ["VectorBenchRecord", "bench_vector", "add_vector_target", "BASELINES"
 _ACTION_BLOCK = 16
 #: fedrl id -> the Gymnasium id its default agent reproduces
 _GYMNASIUM_ID = {"fedrl/CartPole-v0": "CartPole-v1", "fedrl/Pendulum-v0": "Pendulum-v1"}
-BASELINES = ("gymnasium", "gymnax", "envpool")
+BASELINES = ("gymnasium", "gymnax", "gymnax-scan", "envpool")
+#: steps of one ``lax.scan`` call of the ``gymnax-scan`` baseline
+SCAN_STEPS = 128
 
 
 @dataclasses.dataclass
@@ -167,6 +174,37 @@ def _gymnax_rate(env_id: str, n_envs: int, min_time: float, seed: int) -> tuple[
     return _rate(one, n_envs, min_time, sync=lambda out: out.block_until_ready()), f"jit(vmap) on {jax.devices()[0].platform}"
 
 
+def _gymnax_scan_rate(env_id: str, n_envs: int, min_time: float, seed: int) -> tuple[float, str]:
+    import gymnax
+    import jax
+
+    env, env_params = gymnax.make(_GYMNASIUM_ID[env_id])
+    _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.PRNGKey(seed), n_envs), env_params)
+    space = env.action_space(env_params)
+    step, sample = jax.vmap(env.step, in_axes=(0, 0, 0, None)), jax.vmap(space.sample)
+
+    def body(carry: Any, _: Any) -> Any:
+        state, key = carry
+        key, action_key, step_key = jax.random.split(key, 3)
+        actions = sample(jax.random.split(action_key, n_envs))
+        # (obs, state, reward, done, info), or from gymnax 1.0 (obs, state, reward, terminated, truncated, info)
+        out = step(jax.random.split(step_key, n_envs), state, actions, env_params)
+        return (out[1], key), (out[0], out[2], *out[3:-1])
+
+    @jax.jit
+    def run(state: Any, key: Any) -> Any:
+        return jax.lax.scan(body, (state, key), None, length=SCAN_STEPS)
+
+    carry = {"value": (state, jax.random.PRNGKey(seed + 1))}
+
+    def block(_: int) -> Any:
+        carry["value"], record = run(*carry["value"])
+        return record[1]
+
+    rate = _rate(block, n_envs * SCAN_STEPS, min_time, sync=lambda out: out.block_until_ready())
+    return rate, f"jit(lax.scan of {SCAN_STEPS} vmap steps, actions drawn inside) on {jax.devices()[0].platform}"
+
+
 def _envpool_rate(env_id: str, n_envs: int, min_time: float, seed: int) -> tuple[float, str]:
     import envpool
 
@@ -195,7 +233,7 @@ def bench_vector(
 
     :param sizes: total environments (fedrl's are split evenly over the family's 10 default agents)
     :param env_ids: ``fedrl/CartPole-v0`` and/or ``fedrl/Pendulum-v0``
-    :param baselines: any of ``"gymnasium"``, ``"gymnax"``, ``"envpool"``; one not installed is
+    :param baselines: any of ``"gymnasium"``, ``"gymnax"``, ``"gymnax-scan"``, ``"envpool"``; one not installed is
         reported as missing, not an error
     :param device: torch device of fedrl's env (the baselines run where they run: CPU)
     :param min_time: seconds per timing
@@ -223,6 +261,7 @@ def bench_vector(
     runners: dict[str, Callable[[str, int], tuple[float, str]]] = {
         "gymnasium": lambda e, n: _gymnasium_rate(e, n, min_time, seed, sync_max_envs),
         "gymnax": lambda e, n: _gymnax_rate(e, n, min_time, seed),
+        "gymnax-scan": lambda e, n: _gymnax_scan_rate(e, n, min_time, seed),
         "envpool": lambda e, n: _envpool_rate(e, n, min_time, seed),
     }
     records = []

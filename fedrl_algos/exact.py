@@ -26,6 +26,7 @@ import torch
 
 from fedrl_envs import get_family, stack_params
 from fedrl_envs.core import TaskFamily
+from fedrl_envs.threads import intra_op_threads
 
 __all__ = ["TabularEvaluator", "has_exact_model"]
 
@@ -44,14 +45,8 @@ def _single_threaded(method: Callable[..., _T]) -> Callable[..., _T]:
 
     @functools.wraps(method)
     def wrapper(self: TabularEvaluator, *args: Any, **kwargs: Any) -> _T:
-        threads = torch.get_num_threads()
-        if threads == 1 or self.device.type != "cpu":
+        with intra_op_threads(1 if self.device.type == "cpu" else None):
             return method(self, *args, **kwargs)
-        torch.set_num_threads(1)
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
 
     return wrapper
 

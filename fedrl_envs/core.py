@@ -34,6 +34,7 @@ from fedrl_envs.rng import (
     uniform32_of_finalizer_input,
     uniform32_of_finalizer_input_numpy,
 )
+from fedrl_envs.threads import with_fitted_threads
 
 __all__ = [
     "TaskFamily",
@@ -134,14 +135,26 @@ def check_array_type(array_type: Any, name: str = "array_type") -> str:
     return array_type
 
 
-def check_kernels(kernels: Any, family: Any, device: torch.device, name: str = "kernels") -> str:
-    """``kernels`` as ``"torch"``, ``"numpy"`` or ``"numba"``, checked against the family and the device.
+#: accepted values of a vector env's ``kernels``
+KERNELS = ("auto", "torch", "numpy", "numba")
 
+
+def check_kernels(kernels: Any, family: Any, device: torch.device, name: str = "kernels") -> str:
+    """The kernels that run, from ``kernels`` (one of :data:`KERNELS`), checked against the family and the device.
+
+    ``"auto"`` resolves to the fastest kernels with bitwise the torch kernels' numbers: ``"numba"``
+    on the CPU for a family with a fused step (``fused_kernels``) when Numba can be imported,
+    ``"torch"`` otherwise (``"numpy"`` is never chosen: its ``sin``/``cos`` may differ by an ulp).
     ``"numpy"`` needs the CPU and a family with NumPy kernels; ``"numba"`` the CPU, a family with a
-    fused step (``fused_kernels``) and Numba installed.
+    fused step and Numba installed.
     """
-    if kernels not in ("torch", "numpy", "numba"):
-        raise ValueError(f'{name} must be "torch", "numpy" or "numba", got {kernels!r}')
+    if kernels not in KERNELS:
+        raise ValueError(f'{name} must be "auto", "torch", "numpy" or "numba", got {kernels!r}')
+    if kernels == "auto":
+        from fedrl_envs.fused import numba_available
+
+        fused = device.type == "cpu" and getattr(family, "fused_kernels", False)
+        return "numba" if fused and numba_available() else "torch"
     if kernels != "torch" and device.type != "cpu":
         raise ValueError(f'{name}="{kernels}" runs the kernels on the CPU; got device {device}')
     if kernels == "numpy" and not getattr(family, "numpy_kernels", False):
@@ -642,6 +655,19 @@ class FamilyEnv(gym.Env, Generic[P]):
         return f"{type(self).__name__}(state={self.state.tolist()}, t={self._t})"
 
 
+def _vector_env_work(env: Any, *args: Any, **kwargs: Any) -> tuple[int, int, torch.device]:
+    """The work of a vector env call: ``num_envs`` rows of elementwise kernels on the env's device.
+
+    A fused step (``kernels="numba"``) is one serial compiled pass around two vectorized torch
+    calls (``cos``, ``sin``); a second thread would speed those up by a few percent of the step on a
+    quiet machine and stall them on a busy one, so it runs on one thread at any size."""
+    return (1 if env.kernels == "numba" else env.num_envs), 1, env.device
+
+
+#: a vector env method run with the intra-op threads fitted to its batch (:mod:`fedrl_envs.threads`)
+fitted_to_envs = with_fitted_threads(_vector_env_work)
+
+
 class FamilyVectorEnv(VectorEnv):
     """Native batched environment: ``n_agents × n_envs`` copies of a family on a torch device.
 
@@ -673,8 +699,9 @@ class FamilyVectorEnv(VectorEnv):
         rows of ``mask``, as in Gymnasium's vector envs
     :param array_type: ``"torch"`` (tensors on ``device``) or ``"numpy"`` (NumPy arrays, for
         NumPy libraries such as Gymnasium's vector wrappers)
-    :param kernels: ``"torch"`` (default): the family's step kernel runs on torch tensors;
-        ``"numpy"``: on the CPU, for a family with NumPy kernels, it runs on NumPy views of the same
+    :param kernels: ``"auto"`` (default): ``"numba"`` where it applies (a family with a fused step on
+        the CPU, Numba installed), else ``"torch"``; the attribute ``kernels`` holds the choice.
+        ``"torch"``: the family's step kernel runs on torch tensors; ``"numpy"``: on the CPU, for a family with NumPy kernels, it runs on NumPy views of the same
         memory (NumPy operations cost about half of torch's), with bitwise the same transitions for
         the gridworld and arc navigation and, for CartPole and Pendulum, transitions one float32 ulp
         apart wherever NumPy and torch round ``sin``/``cos`` differently (about 5% of arguments);
@@ -694,7 +721,7 @@ class FamilyVectorEnv(VectorEnv):
         seed: int | None = None,
         autoreset: bool = True,
         array_type: str = "torch",
-        kernels: str = "torch",
+        kernels: str = "auto",
     ) -> None:
         n_envs = check_int("n_envs", n_envs, 1, MAX_ENVS)
         seed = check_seed(seed)
@@ -894,6 +921,7 @@ class FamilyVectorEnv(VectorEnv):
             raise RuntimeError("call reset() before reading the state")
         return self._state
 
+    @fitted_to_envs
     def set_state(self, state: Any, t: torch.Tensor | int = 0) -> Any:
         """Put every environment into ``state`` (flat batch) at time index ``t``; returns observations.
 
@@ -916,6 +944,7 @@ class FamilyVectorEnv(VectorEnv):
         return self._export_obs(self._observe(self._state))
 
     # --- VectorEnv API -------------------------------------------------------------------------
+    @fitted_to_envs
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
@@ -956,6 +985,7 @@ class FamilyVectorEnv(VectorEnv):
             self._t = torch.where(rows, 0, self._t)
         return self._observe(self._state), {}
 
+    @fitted_to_envs
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step all environments; see the class docstring for autoreset and info keys."""
         return self._export_step(*self._step_tensors(actions))
@@ -1099,7 +1129,7 @@ class FamilyVectorEnv(VectorEnv):
         autoreset: bool = True,
         render_mode: str | None = None,
         array_type: str = "torch",
-        kernels: str = "torch",
+        kernels: str = "auto",
         **task_kwargs: Any,
     ) -> FamilyVectorEnv:
         """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs.
@@ -1111,7 +1141,8 @@ class FamilyVectorEnv(VectorEnv):
         :param autoreset: ``False`` for the fixed-horizon mode
         :param render_mode: must be ``None`` (the native vector env does not render)
         :param array_type: ``"torch"`` or ``"numpy"``: what the env returns
-        :param kernels: ``"torch"``, ``"numpy"`` or ``"numba"``: what the step kernel runs on (see the class)
+        :param kernels: ``"auto"`` (default), ``"torch"``, ``"numpy"`` or ``"numba"``: what the step
+            kernel runs on (see the class)
         :param task_kwargs: the task's ``gym.make`` keyword arguments
         """
         num_envs = check_int("num_envs", num_envs, 1)

@@ -17,6 +17,7 @@ See ``docs/federated_env.md`` for shapes, modes and interoperability.
 
 from __future__ import annotations
 
+import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -31,8 +32,18 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
-from fedrl_envs.core import MAX_ENVS, _reset_mask, alive_mask, check_array_type, check_device, check_int, check_seed
+from fedrl_envs.core import (
+    MAX_ENVS,
+    _reset_mask,
+    alive_mask,
+    check_array_type,
+    check_device,
+    check_int,
+    check_seed,
+    fitted_to_envs,
+)
 from fedrl_envs.rng import seed_from_entropy
+from fedrl_envs.threads import with_fitted_threads
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
@@ -216,7 +227,8 @@ class FederatedVecEnv(VectorEnv, ABC):
     :param array_type: ``"torch"`` (default): observations, rewards, flags and infos are torch
         tensors on ``device``; ``"numpy"``: NumPy arrays (observations in the observation space's
         dtype, rewards ``float32``, flags ``bool``), for NumPy libraries; actions may be either
-    :param kernels: native backend only: ``"torch"`` (default), ``"numpy"`` or ``"numba"``, what the
+    :param kernels: native backend only: ``"auto"`` (default: ``"numba"`` where the family has a fused
+        CPU step and Numba is installed, else ``"torch"``), ``"torch"``, ``"numpy"`` or ``"numba"``, what the
         family's step kernel runs on (:class:`fedrl_envs.FamilyVectorEnv`'s ``kernels``: NumPy on
         the CPU is faster, with bitwise the same transitions for the gridworld and arc navigation
         and one float32 ulp apart where NumPy and torch round ``sin``/``cos`` differently for
@@ -260,7 +272,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         stream_ids: Sequence[int] | None = None,
         vectorization_mode: str | None = None,
         array_type: str = "torch",
-        kernels: str = "torch",
+        kernels: str = "auto",
     ) -> None:
         # One signature and one set of argument checks for both backends; each builds in _build.
         if not isinstance(autoreset, bool):
@@ -530,6 +542,7 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
         self._seed = seed_from_entropy() if seed is None else seed
         return fedrl_envs.RandomStreams(derive_keys(self._seed, torch.tensor(self.stream_ids)), self.device)
 
+    @fitted_to_envs
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
@@ -537,12 +550,14 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
         self._start_episode()
         return FamilyVectorEnv.reset(self, seed=seed, options=options)
 
+    @fitted_to_envs
     def set_state(self, state: Any, t: torch.Tensor | int = 0) -> Any:
         obs = FamilyVectorEnv.set_state(self, state, t)
         self._start_episode()
         self._elapsed = int(self._t.min())
         return obs
 
+    @fitted_to_envs
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step all ``num_envs`` environments with actions ``[num_envs, *action_shape]`` (torch or numpy)."""
         self._check_steppable()
@@ -589,6 +604,15 @@ def _concat_infos(infos: list[dict[str, Any]], n_envs: int) -> dict[str, Any]:
     return out
 
 
+def _observation_work(env: Any, *args: Any, **kwargs: Any) -> tuple[int, int, torch.device]:
+    """The work of a generic-backend call: ``num_envs`` observations converted and moved to the device."""
+    return env.num_envs, math.prod(env.single_observation_space.shape or (1,)), env.device
+
+
+#: a generic-backend method run with the intra-op threads fitted to its observations (:mod:`fedrl_envs.threads`)
+_fitted_to_observations = with_fitted_threads(_observation_work)
+
+
 class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: see NativeFederatedVecEnv
     """The generic backend: one Gymnasium vector env per agent, results stacked on ``device``.
 
@@ -613,7 +637,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             )
         if env_id not in gym.registry:
             raise ValueError(f"env_id {env_id!r} is not a registered Gymnasium environment")
-        if args.kernels != "torch":
+        if args.kernels not in ("auto", "torch"):
             raise ValueError(
                 f"kernels is for fedrl's native families (their step kernel runs on torch, NumPy or Numba); {env_id} steps "
                 f'its own Gymnasium envs, got kernels={args.kernels!r}'
@@ -702,6 +726,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             out = out.to(dtype)
         return out.to(self.device)
 
+    @_fitted_to_observations
     def reset(
         self, *, seed: int | list[int] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
@@ -776,6 +801,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
                 raise ValueError(f"actions[{row}] must be an element of {space}, got {a!r}")
         return arr
 
+    @_fitted_to_observations
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step every agent's vector env with its rows of ``actions`` ``[num_envs, *action_shape]``."""
         self._check_steppable()

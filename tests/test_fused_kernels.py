@@ -120,7 +120,7 @@ def test_numba_kernels_are_refused_where_they_do_not_apply():
         FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks[:1], kernels="numba")
     with pytest.raises(ValueError, match="kernels.*CPU"):
         FamilyVectorEnv(CARTPOLE, CARTPOLE.train_tasks[:1], device="meta", kernels="numba")
-    with pytest.raises(ValueError, match='"torch", "numpy" or "numba"'):
+    with pytest.raises(ValueError, match='"auto", "torch", "numpy" or "numba"'):
         FamilyVectorEnv(CARTPOLE, CARTPOLE.train_tasks[:1], kernels="cuda")
 
 

@@ -55,7 +55,7 @@ def softmaxes(monkeypatch):
 
 def _policies(family, task):
     spaces = family.observation_space(task), family.action_space(task)
-    return TabularPolicy(*spaces), TabularPolicy(*spaces, kernels="numba")
+    return TabularPolicy(*spaces, kernels="torch"), TabularPolicy(*spaces, kernels="numba")
 
 
 def _rollout_pair(family, runs, m, seed):

@@ -21,7 +21,7 @@ import torch
 
 from fedrl_algos.core.estimators import policy_gradient, reward_to_go_weights
 from fedrl_algos.core.gpomdp import gpomdp_weights
-from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
 
 __all__ = ["ADAPTATION_BASELINES", "check_adaptation_baseline", "adaptation_weights", "adaptation_gradient"]
 
@@ -45,6 +45,7 @@ def adaptation_weights(traj: Trajectories, gamma: float, baseline: str | None = 
     return gpomdp_weights(traj, gamma, check_adaptation_baseline(baseline, "baseline"))
 
 
+@fitted_to_batch
 def adaptation_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, baseline: str | None = None) -> torch.Tensor:
     """``ĝ_in [*B, d]`` from trajectories sampled at ``theta [*B, d]`` (``baseline=None``: exactly
     :func:`~fedrl_algos.core.estimators.policy_gradient`).

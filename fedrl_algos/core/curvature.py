@@ -44,7 +44,7 @@ from torch.func import jvp
 
 from fedrl_algos.core.estimators import autograd_hvp, hessian_vector_product, masked_log_prob, reward_to_go_weights
 from fedrl_algos.core.gpomdp import gpomdp_weights
-from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
 
 __all__ = [
     "CURVATURES",
@@ -174,6 +174,7 @@ def autograd_curvature_hvp(
     return hv / traj.n_trajectories
 
 
+@fitted_to_batch
 def curvature_hvp(
     policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str,
     closed_form: bool = True,
@@ -194,6 +195,7 @@ def curvature_hvp(
     return method(theta, traj, v, weights, coupling)
 
 
+@fitted_to_batch
 def curvature_vector_product(
     policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float, curvature: str = "paper",
     closed_form: bool = True,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from fedrl_algos.core.sampling import Sampler
-from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch, fitted_to_rollout
 from fedrl_envs.core import check_int
 from fedrl_envs.rng import RandomStreams
 from fedrl_wrappers.federated import FederatedVecEnv
@@ -101,6 +101,7 @@ class EnvSampler(Sampler):
             )
         return batch
 
+    @fitted_to_rollout
     def __call__(self, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
         batch = self._check_batch(theta)
         m = check_rollout_batch(theta, self.streams, n_trajectories)

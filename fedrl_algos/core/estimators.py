@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.func import jvp
 
-from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
 
 __all__ = [
     "discounted_rewards_to_go",
@@ -60,6 +60,7 @@ def reward_to_go_weights(traj: Trajectories, gamma: float) -> torch.Tensor:
     return discounted_rewards_to_go(traj.rewards, gamma) * traj.mask
 
 
+@fitted_to_batch
 def masked_log_prob(policy, theta: torch.Tensor, traj: Trajectories) -> torch.Tensor:
     """``log π(a_h | s_h; θ)`` with 0 after termination: ``[*B, m, T]``.
 
@@ -137,6 +138,7 @@ def autograd_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tenso
     return hv / traj.n_trajectories
 
 
+@fitted_to_batch
 def policy_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, closed_form: bool = True) -> torch.Tensor:
     """The estimate of eq. (2), ``(1/m) Σ_ξ g(ξ; θ)``, for every batch row: ``[*B, d]``.
 
@@ -153,6 +155,7 @@ def policy_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: floa
     return policy.score_gradient(theta, traj, weights)
 
 
+@fitted_to_batch
 def hessian_vector_product(
     policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, gamma: float, closed_form: bool = True
 ) -> torch.Tensor:

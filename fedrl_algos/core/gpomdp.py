@@ -46,7 +46,7 @@ from fedrl_algos.core.estimators import (
     masked_log_prob,
     relative_rewards_to_go,
 )
-from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
 
 __all__ = [
     "BASELINES",
@@ -172,6 +172,7 @@ def normalize_step_weights(psi: torch.Tensor, mask: torch.Tensor, eps: float = 1
     return psi / (var.sqrt() + eps)
 
 
+@fitted_to_batch
 def score_gradient(
     policy,
     theta: torch.Tensor,
@@ -212,6 +213,7 @@ def reinforce(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, bas
     return score_gradient(policy, theta, traj, reinforce_weights(traj, gamma, baseline))
 
 
+@fitted_to_batch
 def log_importance_weights(policy, theta_target: torch.Tensor, theta_behaviour: torch.Tensor, traj: Trajectories) -> torch.Tensor:
     """``log w_j = Σ_h mask (log π_target(a_h|s_h) − log π_behaviour(a_h|s_h))``: ``[*B, m]``.
 
@@ -245,6 +247,7 @@ def importance_weights(
     return torch.exp(log_w), clipped
 
 
+@fitted_to_batch
 def paired_gradients(
     policy,
     theta: torch.Tensor,

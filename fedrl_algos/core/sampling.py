@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch, fitted_to_rollout
 from fedrl_envs.core import TaskFamily, repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -40,6 +40,7 @@ class Sampler(ABC):
         """The same sampler acting with another policy (same tasks, same streams object)."""
 
 
+@fitted_to_rollout
 def rollout(
     family: TaskFamily,
     params: Any,
@@ -79,6 +80,7 @@ def rollout(
     return generic_rollout(family, params, policy, theta, streams, m, horizon, stop_when_done)
 
 
+@fitted_to_rollout
 def generic_rollout(
     family: TaskFamily,
     params: Any,
@@ -177,6 +179,7 @@ class KernelSampler(Sampler):
             self._plan = cached
         return cached[3]
 
+    @fitted_to_rollout
     def __call__(self, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
         m = check_rollout_batch(theta, self.streams, n_trajectories)
         horizon = self.family.horizon(self.params) if self.horizon is None else self.horizon

@@ -25,11 +25,12 @@ import torch
 from torch.func import jvp
 
 from fedrl_algos.core.estimators import masked_log_prob
-from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
 
 __all__ = ["log_likelihood_jvp", "log_prob_hvp", "autograd_log_prob_hvp"]
 
 
+@fitted_to_batch
 def log_likelihood_jvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor) -> torch.Tensor:
     """``c_ξ = ∇log q(ξ; θ)ᵀ v`` for every trajectory by one forward-mode JVP: ``[*B, m]``.
 
@@ -49,6 +50,7 @@ def log_likelihood_jvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch
     return directional.detach()
 
 
+@fitted_to_batch
 def log_prob_hvp(policy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``(1/m) Σ_ξ ∇²ν(ξ; θ) v`` with ``ν = Σ_h ψ_h log π(a_h|s_h)``, through the policy's calculus: ``[*B, d]``.
 

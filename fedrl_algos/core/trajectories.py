@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from fedrl_envs.core import alive_mask
 from fedrl_envs.rng import RandomStreams
+from fedrl_envs.threads import with_fitted_threads
 
-__all__ = ["Trajectories", "check_rollout_batch"]
+__all__ = ["Trajectories", "check_rollout_batch", "fitted_to_batch", "fitted_to_rollout"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class Trajectories(NamedTuple):
@@ -67,3 +73,34 @@ def check_rollout_batch(theta: torch.Tensor, streams: RandomStreams, n_trajector
     if m < 1:
         raise ValueError(f"n_trajectories must be >= 1, got {m}")
     return m
+
+
+def _batch_work(policy: Any, theta: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[int, int, torch.device]:
+    """The work of ``f(policy, theta, ..., traj, ...)``: the batch's steps, each costing about the
+    policy's parameter count, on θ's device."""
+    traj = kwargs.get("traj") or next(a for a in args if isinstance(a, Trajectories))
+    return traj.rewards.numel(), theta.shape[-1], theta.device
+
+
+def fitted_to_batch(func: _F) -> _F:
+    """Run ``func(policy, theta, ..., traj, ...)`` with the intra-op threads fitted to the batch
+    (:func:`fedrl_envs.threads.fitted_threads`: one thread below the measured crossover of steps ×
+    parameters, the caller's setting above it)."""
+    return with_fitted_threads(_batch_work)(func)  # type: ignore[return-value]
+
+
+def fitted_to_rollout(func: _F) -> _F:
+    """Run a sampler ``func(..., theta, ..., n_trajectories, ...)`` with the intra-op threads fitted
+    to its rollout: ``prod(B) × m`` environments stepped side by side, each step costing about a
+    policy forward (θ's parameter count). Arguments are found by name, so this decorates methods
+    (``Sampler.__call__``) and functions (:func:`~fedrl_algos.core.sampling.rollout`) alike."""
+    signature = inspect.signature(func)
+
+    def work(*args: Any, **kwargs: Any) -> tuple[int, int, Any]:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        theta, m = bound.get("theta"), bound.get("n_trajectories")
+        if not isinstance(theta, torch.Tensor) or theta.dim() == 0 or isinstance(m, bool) or not isinstance(m, int):
+            return 1, 1, None  # the sampler's own checks report the bad argument
+        return math.prod(theta.shape[:-1]) * max(m, 1), theta.shape[-1], theta.device
+
+    return with_fitted_threads(work)(func)  # type: ignore[return-value]

@@ -54,17 +54,17 @@ class TabularPolicy(CategoricalMixin, FlatPolicy):
     ``kernels="numba"`` walks the tabulated rollouts' time loop as one compiled loop and computes
     the probability tables by a compiled softmax (:mod:`.tabular_compiled`; float32 parameters on
     the CPU): the same trajectories and tables bit for bit, about 2× faster rollouts and 4× faster
-    tables at the gridworld experiments' batches; ``"auto"`` is ``"numba"`` where Numba is
-    installed. Elsewhere (CUDA, float64, gradients through θ) torch's loop and softmax run.
+    tables at the gridworld experiments' batches; ``"auto"`` (the default) is ``"numba"`` where Numba
+    is installed. Elsewhere (CUDA, float64, gradients through θ) torch's loop and softmax run.
 
     :param observation_space: ``Discrete(S)``
     :param action_space: ``Discrete(A)``
     :param dtype: parameter dtype
-    :param kernels: ``"torch"`` (default), ``"numba"`` or ``"auto"``
+    :param kernels: ``"auto"`` (default), ``"torch"`` or ``"numba"``
     """
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32,
-                 kernels: str = "torch") -> None:
+                 kernels: str = "auto") -> None:
         if not isinstance(observation_space, spaces.Discrete) or not isinstance(action_space, spaces.Discrete):
             raise ValueError(
                 f"policy TabularPolicy needs Discrete observation and action spaces, got {observation_space} and {action_space}"
@@ -77,7 +77,7 @@ class TabularPolicy(CategoricalMixin, FlatPolicy):
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
-        if self.kernels != "torch":  # only when set: files of the default policy stay loadable by earlier versions
+        if self.kernels != "auto":  # only when set: files of the default policy name no kernels
             data.update(kernels=self.kernels)
         return data
 

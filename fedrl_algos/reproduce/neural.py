@@ -71,6 +71,7 @@ from fedrl_algos.reproduce.parallel import (
     run_threaded,
 )
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
+from fedrl_envs.threads import intra_op_threads
 
 __all__ = [
     "MetaTrainingConfig",
@@ -185,15 +186,8 @@ CPU_THREADS = 1
 @contextlib.contextmanager
 def cpu_threads(device: str | torch.device, n: int | None = CPU_THREADS) -> Iterator[None]:
     """Run with ``n`` intra-op threads when ``device`` is a CPU, restoring the setting afterwards."""
-    before = torch.get_num_threads()
-    change = n is not None and torch.device(device).type == "cpu" and n != before
-    if change:
-        torch.set_num_threads(n)
-    try:
+    with intra_op_threads(n if torch.device(device).type == "cpu" else None):
         yield
-    finally:
-        if change:
-            torch.set_num_threads(before)
 
 
 @dataclasses.dataclass(frozen=True)

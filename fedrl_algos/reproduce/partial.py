@@ -50,13 +50,13 @@ from fedrl_algos.reproduce.tabular import (
     _band,
     _estimator,
     _evaluate,
-    _intra_op_threads,
     _mean_std,
     _pyplot,
     _save,
     _seed_list,
 )
 from fedrl_envs import GRIDWORLD, params_to, stack_params
+from fedrl_envs.threads import intra_op_threads
 
 __all__ = ["PartialConfig", "PartialExperiment", "train_partial", "time_rounds"]
 
@@ -233,7 +233,7 @@ class PartialExperiment(Experiment):
         n = len(GRIDWORLD.train_tasks)
         r_small = n // cfg.fraction
         threads = cfg.cpu_threads if torch.device(device).type == "cpu" else None
-        with _intra_op_threads(threads):
+        with intra_op_threads(threads):
             results = train_partial(seed_list, cfg, device, progress)
             timing = [(na, runs, path, t) for na in cfg.timing_agents for runs in sorted({1, len(seed_list)})
                       for path, t in time_rounds(na, runs, cfg, device).items()]

@@ -27,11 +27,10 @@ the training hyperparameters of :class:`TabularConfig` plus the methods, dtype, 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -55,6 +54,7 @@ from fedrl_algos.reproduce.common import (
 )
 from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, can_fork, check_workers, run_forked
 from fedrl_envs import GRIDWORLD, params_to, stack_params
+from fedrl_envs.threads import intra_op_threads
 
 __all__ = [
     "ALPHAS",
@@ -190,19 +190,6 @@ class TabularResult:
     f: torch.Tensor
     trajectories_per_round: int
     theta: torch.Tensor
-
-
-@contextlib.contextmanager
-def _intra_op_threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` intra-op threads (``None``: leave as is), restoring the setting afterwards."""
-    before = torch.get_num_threads()
-    if n is not None and n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def _estimator(method: str, policy: TabularPolicy, cfg: TabularConfig, alpha: float | torch.Tensor) -> GradientEstimator:
@@ -453,7 +440,7 @@ def _settings(cfg: _TabularExperimentConfig, seeds: list[int], alphas: Sequence[
 def _run_training(seeds: list[int], alphas: Sequence[float], cfg: _TabularExperimentConfig, device: str, progress: bool,
                   desc: str) -> dict[str, TabularResult]:
     threads = cfg.cpu_threads if torch.device(device).type == "cpu" else None
-    with _intra_op_threads(threads):
+    with intra_op_threads(threads):
         return train_tabular(seeds, alphas, cfg, methods=cfg.methods, device=device, dtype=cfg.dtype, progress=progress, desc=desc,
                              workers=cfg.workers, kernels=resolve_kernels(cfg.kernels, device))
 
