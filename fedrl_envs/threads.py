@@ -52,9 +52,13 @@ __all__ = [
 PARALLEL_MIN_ROWS = 2**15
 #: rows × per-row cost (a policy's parameter count, an observation's elements) from which the
 #: caller's threads are kept. Measured on 2 cores: the score gradient of the paper's CartPole MLP
-#: (4 226 parameters) is 0.94x with two threads at 1 000 steps (4.2e6) and 1.26-1.40x from 4 000
-#: steps (1.7e7) to 10^6.
-PARALLEL_MIN_WORK = 2**24
+#: (4 226 parameters) is 0.94x with two threads at 1 000 steps (4.2e6), 1.12-1.26x from 4 000 to
+#: 65 000 steps (1.7e7-2.7e8) and 1.31-1.40x from 2.6e5 to 10^6 steps; a whole MFPO CartPole round
+#: (10 agents x 20 trajectories, 40 000-100 000 steps an estimate) took 0.74 s with the crossover
+#: at 2^24 and 0.67 s with one thread throughout, and 0.71-0.85 s quiet against 1.65-2.12 s beside two
+#: busy processes with the crossover at 2^28 (1.22-1.34 s single-threaded). So two threads only from
+#: 2^30 on (2.5e5 steps of that MLP), where they gain 1.3-1.4x on a quiet machine.
+PARALLEL_MIN_WORK = 2**30
 
 _T = TypeVar("_T")
 _state = threading.local()
@@ -68,17 +72,17 @@ def requested_threads() -> int:
 
 
 def fitted_thread_count(rows: int, row_cost: int = 1) -> int:
-    """The intra-op threads for ``rows`` rows of ``row_cost`` work each: one below the crossover
-    (:data:`PARALLEL_MIN_ROWS` rows and :data:`PARALLEL_MIN_WORK` rows × cost), the caller's
-    setting (:func:`requested_threads`) at or above it.
+    """The intra-op threads for ``rows`` rows of ``row_cost`` work each: one below the crossover,
+    the caller's setting (:func:`requested_threads`) at or above it. The crossover of elementwise
+    work (``row_cost <= 1``: env steps) is :data:`PARALLEL_MIN_ROWS` rows; that of work through a
+    policy or over whole observations (``row_cost > 1``) is :data:`PARALLEL_MIN_WORK` rows × cost.
 
     :param rows: rows the operations of the block run over (envs, trajectories × steps)
     :param row_cost: work of one row relative to an elementwise op on a scalar: a policy's
         parameter count, an observation's element count (1: elementwise work on a few scalars)
     """
-    if rows >= PARALLEL_MIN_ROWS or rows * max(int(row_cost), 1) >= PARALLEL_MIN_WORK:
-        return requested_threads()
-    return 1
+    parallel = rows >= PARALLEL_MIN_ROWS if row_cost <= 1 else rows * int(row_cost) >= PARALLEL_MIN_WORK
+    return requested_threads() if parallel else 1
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fedrl_envs
+import fedrl_envs.threads
 from fedrl_algos.core.gpomdp import gpomdp_weights, score_gradient
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, GRIDWORLD, FamilyVectorEnv, RandomStreams, derive_keys
@@ -34,6 +35,9 @@ def test_the_count_is_one_below_each_crossover_and_the_callers_at_it():
         assert fitted_thread_count(rows, below) == 1
         assert fitted_thread_count(rows, at) == CALLER
         assert fitted_thread_count(1, 0) == 1  # a cost below 1 counts as 1
+        # Work through a policy keeps one thread over many rows while rows × cost stays below its crossover.
+        assert fitted_thread_count(PARALLEL_MIN_ROWS * 4, 2) == 1
+        assert fitted_thread_count(PARALLEL_MIN_WORK // 2, 2) == CALLER
     with intra_op_threads(1):
         assert fitted_thread_count(PARALLEL_MIN_ROWS) == 1  # never more than the caller asked for
 
@@ -128,10 +132,11 @@ def test_the_federated_env_and_the_sampler_fit_their_threads(monkeypatch):
     with intra_op_threads(CALLER):
         traj = sampler(theta, 3)
     assert sample.seen and set(sample.seen) == {1}
-    # The estimate over this batch is small too; one over a batch past the work crossover is not.
+    # The estimate over this batch is small too; one over a batch past the work crossover is not
+    # (the crossover lowered here so that the large batch stays small: 2 rows x 6 trajectories x 5 steps).
     grad = _Recording(monkeypatch, policy, "score_gradient")
-    big_m = -(-PARALLEL_MIN_WORK // (2 * 5 * theta.shape[-1]))
-    big = traj._replace(**{k: getattr(traj, k).repeat_interleave(big_m, dim=1) for k in traj._fields})
+    monkeypatch.setattr(fedrl_envs.threads, "PARALLEL_MIN_WORK", 2 * 6 * 5 * theta.shape[-1])
+    big = traj._replace(**{k: getattr(traj, k).repeat_interleave(2, dim=1) for k in traj._fields})
     with intra_op_threads(CALLER):
         score_gradient(policy, theta, traj, gpomdp_weights(traj, 0.99))
         score_gradient(policy, theta, big, gpomdp_weights(big, 0.99))

@@ -38,6 +38,7 @@ from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
+from fedrl_envs.threads import fitted_threads
 from fedrl_wrappers import FederatedVecEnv
 
 __all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma"]
@@ -403,7 +404,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         while self.num_timesteps < total_timesteps:
             callback.on_rollout_start()
             self._round_rejected, self._round_skipped = 0, 0  # counted by _reject_updates
-            self._train_round()
+            # The round's own operations (broadcast, aggregation, server step) are over [agents, d]: one
+            # thread at these sizes; the samplers and estimators it calls fit their own threads.
+            with fitted_threads(self.n_agents, self.theta.shape[-1], self.device):
+                self._train_round()
             self._check_finite_parameters(self.rounds_done + 1)
             if self.obs_normalizer is not None:
                 self.obs_normalizer.commit()  # the server pools the round's observation moments
