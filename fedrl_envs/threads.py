@@ -11,9 +11,9 @@ development machine with two busy processes beside it (``docs/benchmarks.md``): 
 CartPole round is 20× slower after ``torch.set_num_threads(2)``.
 
 So the env steps, the samplers' rollouts, the estimators and the algorithms' rounds run inside
-:func:`fitted_threads`, which sets one intra-op thread while their work is below a crossover
-measured on the quiet machine (where a second thread stops being a loss), keeps the caller's
-setting above it, and restores the caller's setting on exit. The caller's setting is what
+:func:`fitted_threads`, which sets one intra-op thread while their work is below a measured
+crossover (where a second thread starts to pay on a quiet machine without costing the loaded
+figure), keeps the caller's setting above it, and restores the caller's setting on exit. The caller's setting is what
 ``torch.get_num_threads()`` returned when the outermost fitted block was entered, so a large
 estimate nested inside a round that runs single-threaded still gets the user's threads; and a
 user who set a thread count explicitly gets exactly that count for every op large enough to use it.
