@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fedrl_algos.background_load import background_load
+from fedrl_algos.bench.background_load import background_load
 from fedrl_algos.cli import build_parser, main
 
 
@@ -46,7 +46,7 @@ def test_they_end_when_the_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
-        "from fedrl_algos.background_load import background_load\n"
+        "from fedrl_algos.bench.background_load import background_load\n"
         "with background_load(1) as procs:\n"
         "    print(procs[0].pid, flush=True)\n"
         "    time.sleep(60)\n"

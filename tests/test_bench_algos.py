@@ -1,6 +1,6 @@
 """``fedrl bench algos``: a smoke run; batched and looped sides must compute the same numbers."""
 
-from fedrl_algos.bench_algos import bench_algos
+from fedrl_algos.bench.algos import bench_algos
 from fedrl_algos.cli import main
 
 

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from fedrl_algos.bench_flower import bench_flower  # noqa: E402
+from fedrl_algos.bench.flower import bench_flower  # noqa: E402
 
 
 def test_bench_flower_reports_same_theta_and_the_payload_bytes():

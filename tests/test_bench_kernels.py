@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from fedrl_algos.bench_kernels import OPERATIONS, TABULAR_OPERATION, TABULAR_TABLE_OPERATION, bench_kernels  # noqa: E402
+from fedrl_algos.bench.kernels import OPERATIONS, TABULAR_OPERATION, TABULAR_TABLE_OPERATION, bench_kernels  # noqa: E402
 from fedrl_algos.cli import main  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("mujoco", reason="the MuJoCo extra: pip install 'fedrl[mujoco]'")
 
-from fedrl_algos.bench_mujoco import METHODS, _model, bench_mujoco  # noqa: E402
+from fedrl_algos.bench.mujoco import METHODS, _model, bench_mujoco  # noqa: E402
 from fedrl_algos.cli import main  # noqa: E402
 
 

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from fedrl_algos.bench import bench_envs
-from fedrl_algos.bench_numpy_vector import NumpyArcNavigationVector, NumpyGridWorldVector, numpy_vector_env
+from fedrl_algos.bench.envs import bench_envs
+from fedrl_algos.bench.numpy_vector import NumpyArcNavigationVector, NumpyGridWorldVector, numpy_vector_env
 from fedrl_algos.cli import main
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, FamilyVectorEnv
 

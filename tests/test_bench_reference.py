@@ -12,8 +12,8 @@ import gymnasium
 import numpy as np
 import pytest
 
-from fedrl_algos import _reference_runner
-from fedrl_algos.bench_reference import CONFIGS, bench_reference, fedrl_rate, reference_code_dir, reference_rate
+from fedrl_algos.bench import _reference_runner
+from fedrl_algos.bench.reference import CONFIGS, bench_reference, fedrl_rate, reference_code_dir, reference_rate
 from fedrl_algos.cli import main
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fedrl_envs  # noqa: F401  (registers the ids)
-from fedrl_algos.bench_single import NumpyArcNavigation, NumpyGridWorld, bench_single
+from fedrl_algos.bench.single import NumpyArcNavigation, NumpyGridWorld, bench_single
 from fedrl_algos.cli import main
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedrl_algos import MFPO, FedPGBR, PerFedAvgPG
-from fedrl_algos.bench_training import CountingSampler, _count_steps, _model_env_steps, bench_training
+from fedrl_algos.bench.training import CountingSampler, _count_steps, _model_env_steps, bench_training
 
 
 def test_fedpg_br_round_is_timed_against_the_bare_env():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fedrl_algos.bench_vector import bench_vector
+from fedrl_algos.bench.vector import bench_vector
 
 
 def test_records_hold_fedrl_and_gymnasium_rates_and_their_ratio():

@@ -185,7 +185,7 @@ def print_kernels_table(records: Sequence[KernelBenchRecord]) -> None:
     repeats = records[0].repeats if records else 0
     print(f"arc navigation, the paper's 2-32-8 softmax network, and the gridworld's tabular policy (rows: runs x 8 goals), "
           f"float32; medians of {repeats} alternated calls after a warm-up; {torch.get_num_threads()} torch threads; "
-          "method: fedrl_algos/bench_kernels.py")
+          "method: fedrl_algos/bench/kernels.py")
 
 
 def _cmd(args: argparse.Namespace) -> int:

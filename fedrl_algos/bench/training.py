@@ -258,7 +258,7 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
     repeats = records[0].repeats if records else 0
     print(f"env steps = steps inside episodes (the trajectories' masks), budget steps = num_timesteps (trajectories x (H+1)); "
           f"median of {repeats} timings of whole learn() rounds vs the bare native vector env (autoreset) at the same batch; "
-          f"{torch.get_num_threads()} torch threads; method: fedrl_algos/bench_training.py")
+          f"{torch.get_num_threads()} torch threads; method: fedrl_algos/bench/training.py")
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ HansenHua/MFPO-INFOCOM24 and FedPG-BR on CartPole against flint-xf-fan/Byzantine
 10 homogeneous agents with Gymnasium's CartPole parameters, a (16, 16) ReLU policy and the
 references' batch sizes. The reference code is not part of fedrl: pass the directories of its
 checkouts (``--mfpo-dir``, ``--fedpgbr-dir``). Each reference run is a fresh subprocess
-(:mod:`fedrl_algos._reference_runner`, which lists what it substitutes to run the code here) that
+(:mod:`fedrl_algos.bench._reference_runner`, which lists what it substitutes to run the code here) that
 counts every env step the reference takes; fedrl's side counts the steps inside episodes
 (``env_steps_per_agent`` and the server's ``server_env_steps``), the same quantity. The figures are
 env steps per second and rounds per second of whole rounds, after the warm-up rounds; the speed-up
@@ -41,7 +41,7 @@ class ReferenceConfig:
 
     :param algorithm: class name in :mod:`fedrl_algos`
     :param fedrl_kwargs: the fedrl model's keyword arguments (besides policy, env, seed, device)
-    :param reference: ``"mfpo"`` or ``"fedpg_br"`` (which runner of :mod:`fedrl_algos._reference_runner`)
+    :param reference: ``"mfpo"`` or ``"fedpg_br"`` (which runner of :mod:`fedrl_algos.bench._reference_runner`)
     :param repository: the reference's GitHub repository
     :param code_subdir: the reference's code directory inside its checkout
     :param marker_files: files that identify that code directory
@@ -181,7 +181,7 @@ def reference_rate(config: str, code_dir: Path, rounds: int, threads: int = 1, s
     with tempfile.TemporaryDirectory(prefix="fedrl_reference_") as scratch:
         out, log = Path(scratch) / "result.json", Path(scratch) / "output.log"
         command = [
-            sys.executable, "-m", "fedrl_algos._reference_runner", cfg.reference, str(code_dir), *cfg.runner_args,
+            sys.executable, "-m", "fedrl_algos.bench._reference_runner", cfg.reference, str(code_dir), *cfg.runner_args,
             "--rounds", str(rounds), "--warmup", str(cfg.reference_warmup), "--threads", str(threads),
             "--seed", str(seed), "--out", str(out),
         ]  # fmt: skip
@@ -264,7 +264,7 @@ def print_reference_table(records: Sequence[ReferenceBenchRecord]) -> None:
     print_columns(lines)
     repeats = len(records[0].fedrl_runs) if records else 0
     print(f"medians of {repeats} alternating runs; env steps inside episodes per second of whole rounds after warm-up; "
-          "method: fedrl_algos/bench_reference.py")  # fmt: skip
+          "method: fedrl_algos/bench/reference.py")  # fmt: skip
 
 
 def _cmd(args: argparse.Namespace) -> int:

@@ -311,7 +311,7 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
     notes = sorted({f"{r.env_id.split('/')[-1]} {n}: {note}" for r in records for n, note in r.notes.items()})
     print(f"env steps per second, random actions, autoreset; fedrl on {records[0].device if records else '-'} "
-          f"with {torch.get_num_threads()} torch threads; method: fedrl_algos/bench_vector.py")
+          f"with {torch.get_num_threads()} torch threads; method: fedrl_algos/bench/vector.py")
     for note in notes:
         print(f"  {note}")
 

@@ -1,6 +1,6 @@
 """Run a reference implementation's own training loop for a fixed number of rounds and time it.
 
-Used by ``fedrl bench reference`` (:mod:`fedrl_algos.bench_reference`), always in a fresh
+Used by ``fedrl bench reference`` (:mod:`fedrl_algos.bench.reference`), always in a fresh
 subprocess: the reference code imports top-level modules with generic names (``util``, ``agent``,
 ``worker``, ``options``), seeds the global RNGs and keeps settings in module globals, so it must not
 share an interpreter with fedrl or with the other reference. Nothing of the reference is copied
@@ -19,7 +19,7 @@ only these substitutions (each documented in ``docs/benchmarks.md``):
 * FedPG-BR's ``torch.multiprocessing.Pool(num_worker)`` becomes an in-process ``starmap``, so
   both sides run on one core with one torch thread.
 
-Usage: ``python -m fedrl_algos._reference_runner {mfpo,fedpg_br} DIR --rounds R --warmup W --out JSON``,
+Usage: ``python -m fedrl_algos.bench._reference_runner {mfpo,fedpg_br} DIR --rounds R --warmup W --out JSON``,
 from a scratch directory: the references write their logs and reports into the working directory.
 The JSON holds ``rounds``, ``seconds`` and ``env_steps`` of the timed rounds (after the warm-up).
 """

@@ -95,7 +95,7 @@ def _vecenv_runner(env_id: str, n_agents: int, n_envs: int, device: str, seed: i
     import gymnasium as gym
 
     import fedrl_envs
-    from fedrl_algos._bench_policies import _mlp_policy, _tabular_policy
+    from fedrl_algos.bench._policies import _mlp_policy, _tabular_policy
     from fedrl_wrappers import FederatedVecEnv
 
     n_tasks = len(fedrl_envs.get_family(env_id).train_tasks)
@@ -213,7 +213,7 @@ def memory_scaling(
         for n_envs, n_steps in sizes:
             spec = dict(path=path, env_id=env_id, n_agents=n_agents, n_envs=n_envs, n_steps=n_steps, device=device, seed=seed)
             done = subprocess.run(
-                [sys.executable, "-m", "fedrl_algos.bench_memory", "--child", json.dumps(spec), "--threads", str(threads)],
+                [sys.executable, "-m", "fedrl_algos.bench.memory", "--child", json.dumps(spec), "--threads", str(threads)],
                 capture_output=True, text=True, env=_child_environment(), timeout=timeout, check=False,
             )
             if done.returncode != 0:
@@ -241,7 +241,7 @@ def print_memory_table(records: Sequence[MemoryRecord]) -> None:
             print(f"{path}: bytes/env-step at {rows[-1].env_steps} env-steps over that at {rows[0].env_steps}: "
                   f"{ratio} (1 = linear, above 1 = faster than linear)")
     print(f"{records[0].env_id if records else '-'}; one fresh process per size; growth = ru_maxrss after the rollout "
-          "minus before it; held = the returned tensors; method: fedrl_algos/bench_memory.py")
+          "minus before it; held = the returned tensors; method: fedrl_algos/bench/memory.py")
 
 
 def _child(spec: str, threads: int) -> None:

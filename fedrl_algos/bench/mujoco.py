@@ -5,7 +5,7 @@ use — ``n_agents`` agents of the env with mass scales spread evenly over 0.75�
 of 256 units with tanh-Gaussian outputs and SB3's orthogonal initialization — runs one warm-up
 round, then times whole ``learn`` rounds. Its **env steps** are the steps inside episodes of every
 trajectory the algorithm's samplers return (as ``fedrl bench training`` counts them:
-:class:`~fedrl_algos.bench_training.CountingSampler`), so a 1000-step HalfCheetah episode counts
+:class:`~fedrl_algos.bench.training.CountingSampler`), so a 1000-step HalfCheetah episode counts
 1000 and a Hopper that fell after 30 steps counts 30.
 
 The baseline, timed in the same process, is what a user would run instead on one copy of the env:
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedrl_algos._cli_args import _int_at_least, finish_bench, positive_int, print_columns, set_threads
-from fedrl_algos.bench_training import _count_steps, _time_rounds
+from fedrl_algos.bench.training import _count_steps, _time_rounds
 
 __all__ = ["MujocoBenchRecord", "bench_mujoco", "add_mujoco_target", "METHODS"]
 
@@ -164,7 +164,7 @@ def print_mujoco_table(records: Sequence[MujocoBenchRecord]) -> None:
     if records:
         print(f"env steps = steps inside episodes of the timed rounds (after one warm-up round); PPO: SB3's defaults on one env, "
               f"learn({records[0].ppo_timesteps}) in {records[0].ppo_seconds:.2f} s; {torch.get_num_threads()} torch threads; "
-              f"method: fedrl_algos/bench_mujoco.py")
+              f"method: fedrl_algos/bench/mujoco.py")
 
 
 def _cmd(args: argparse.Namespace) -> int:

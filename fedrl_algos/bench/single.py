@@ -288,7 +288,7 @@ def print_single_table(records: Sequence[SingleStepRecord], ppo: PPORecord | Non
         print("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
     print(
         f"fastest block of each side, timed in alternation; gym.make on both sides; {torch.get_num_threads()} torch thread(s); "
-        "method: fedrl_algos/bench_single.py"
+        "method: fedrl_algos/bench/single.py"
     )
 
 

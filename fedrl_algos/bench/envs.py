@@ -1,8 +1,7 @@
-"""``fedrl bench``: throughput benchmarks, each against a baseline run in the same process.
+"""``fedrl bench envs``: the federated vectorized environment's steps/s against NumPy and Gymnasium.
 
-``fedrl bench envs`` measures the federated vectorized environment (:func:`bench_envs`). Further
-targets (``fedrl bench algos``, ``fedrl bench single`` in :mod:`fedrl_algos.bench_single`, ...) add
-themselves to :data:`BENCH_TARGETS`.
+:func:`bench_envs` measures the federated vectorized environment; the other targets are the other
+modules of :mod:`fedrl_algos.bench`.
 
 How the numbers are made (also printed under the table):
 
@@ -10,7 +9,7 @@ How the numbers are made (also printed under the table):
   ``n_agents × n_envs`` environments, autoreset on, action checks on, stepping with random actions
   drawn before the clock starts (a block of 16 steps' worth, cycled);
 * **NumPy vector steps/s**: the strongest baseline, the same MDPs hand-vectorized in NumPy the way
-  Gymnasium's ``CartPoleVectorEnv`` is written (:mod:`fedrl_algos.bench_numpy_vector`: a
+  Gymnasium's ``CartPoleVectorEnv`` is written (:mod:`fedrl_algos.bench.numpy_vector`: a
   next-cell table for the gridworld, in-place updates, per-agent goals, ``SAME_STEP`` autoreset
   drawing starts for the ended rows only), at the same ``n_agents × n_envs`` and on the same
   random actions (as NumPy arrays); Gymnasium, gymnax and EnvPool have no version of these families;
@@ -18,7 +17,7 @@ How the numbers are made (also printed under the table):
   the same tasks, same random actions. It is timed at ``n_agents × min(n_envs, sync_max_envs)``
   envs only (its cost is linear in the number of envs, so its steps/s hardly depends on the size);
   larger sizes are compared with the largest size timed, which the table marks;
-* the three step rates are timed alike (:func:`fedrl_algos.bench_vector._rate`): steps in blocks of
+* the three step rates are timed alike (:func:`fedrl_algos.bench.vector._rate`): steps in blocks of
   about 20 ms for ``min_time`` seconds, the fastest block kept, so that on cores shared with other
   processes the figure is the least disturbed one rather than a measure of the scheduler;
 * **peak MB**: growth of the process's peak resident memory while the env is built, reset and
@@ -37,20 +36,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import gc
-import os
 import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._bench_policies import _mlp_policy, _tabular_policy
-from fedrl_algos._cli_args import finish_bench, non_negative_int, positive_int, set_threads
-from fedrl_algos.bench_vector import _rate
+from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos.bench._policies import _mlp_policy, _tabular_policy
+from fedrl_algos.bench.vector import _rate
 
-__all__ = ["EnvBenchRecord", "bench_envs", "register", "BENCH_TARGETS"]
+__all__ = ["EnvBenchRecord", "bench_envs", "add_envs_target"]
 
 _FAMILIES = ("fedrl/GridWorld-v0", "fedrl/ArcNavigation-v0")
 _ACTION_BLOCK = 16
@@ -71,7 +68,7 @@ class EnvBenchRecord:
     sync_n_envs: int | None
     #: native / sync
     ratio: float | None
-    #: steps per second of the hand-vectorized NumPy env (:mod:`fedrl_algos.bench_numpy_vector`), same envs
+    #: steps per second of the hand-vectorized NumPy env (:mod:`fedrl_algos.bench.numpy_vector`), same envs
     numpy_vector_steps_per_s: float
     #: native / numpy_vector
     numpy_vector_ratio: float
@@ -235,7 +232,7 @@ def _bench_sync(env_id: str, tasks: list[Any], n_envs: int, min_time: float, see
 
 def _bench_numpy_vector(env_id: str, tasks: list[Any], actions: Any, min_time: float, seed: int) -> float:
     """Steps/s of the NumPy vector env of ``tasks`` (``len(tasks)`` agents) on the pre-drawn ``actions``."""
-    from fedrl_algos.bench_numpy_vector import numpy_vector_env
+    from fedrl_algos.bench.numpy_vector import numpy_vector_env
 
     block = actions.cpu().numpy()
     venv = numpy_vector_env(env_id, tasks, block.shape[1] // len(tasks))
@@ -366,7 +363,7 @@ def print_env_table(records: Sequence[EnvBenchRecord]) -> None:
     note = (
         f"env steps per second (fastest ~20 ms block); NumPy vec: hand-vectorized NumPy env, same envs and actions; "
         f"device {records[0].device if records else '-'}, {torch.get_num_threads()} torch threads; "
-        f"memory: {records[0].memory_method if records else '-'}; method: fedrl_algos/bench.py"
+        f"memory: {records[0].memory_method if records else '-'}; method: fedrl_algos/bench/envs.py"
     )
     try:
         from rich.console import Console
@@ -406,7 +403,8 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
 
 
 
-def _add_envs_target(targets: argparse._SubParsersAction) -> None:
+def add_envs_target(targets: argparse._SubParsersAction) -> None:
+    """Add ``fedrl bench envs`` (see :func:`fedrl_algos.bench.register`)."""
     p = targets.add_parser(
         "envs",
         help="env steps/s of the federated env vs a hand-vectorized NumPy env and gymnasium SyncVectorEnv",
@@ -424,129 +422,3 @@ def _add_envs_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the envs, the random actions and the policies (default 0)")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd_bench_envs)
-
-
-#: functions ``add(targets)`` each adding one ``fedrl bench <target>`` parser (envs; later algos, ...)
-BENCH_TARGETS: list[Callable[[argparse._SubParsersAction], None]] = [_add_envs_target]
-
-
-def _add_algos_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_algos import add_algos_target
-
-    add_algos_target(targets)
-
-
-BENCH_TARGETS.append(_add_algos_target)
-
-
-def _add_vector_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_vector import add_vector_target
-
-    add_vector_target(targets)
-
-
-BENCH_TARGETS.append(_add_vector_target)
-
-
-def _add_training_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_training import add_training_target
-
-    add_training_target(targets)
-
-
-BENCH_TARGETS.append(_add_training_target)
-
-
-def _add_reference_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_reference import add_reference_target
-
-    add_reference_target(targets)
-
-
-BENCH_TARGETS.append(_add_reference_target)
-
-
-def _add_single_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_single import add_single_target
-
-    add_single_target(targets)
-
-
-BENCH_TARGETS.append(_add_single_target)
-
-
-def _add_flower_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_flower import add_flower_target
-
-    add_flower_target(targets)
-
-
-BENCH_TARGETS.append(_add_flower_target)
-
-
-def _add_memory_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_memory import add_memory_target
-
-    add_memory_target(targets)
-
-
-BENCH_TARGETS.append(_add_memory_target)
-
-
-def _add_mujoco_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_mujoco import add_mujoco_target
-
-    add_mujoco_target(targets)
-
-
-BENCH_TARGETS.append(_add_mujoco_target)
-
-
-def _add_kernels_target(targets: argparse._SubParsersAction) -> None:
-    from fedrl_algos.bench_kernels import add_kernels_target
-
-    add_kernels_target(targets)
-
-
-BENCH_TARGETS.append(_add_kernels_target)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``fedrl bench <target>`` to the ``fedrl`` parser (one sub-parser per :data:`BENCH_TARGETS` entry)."""
-    bench = subparsers.add_parser(
-        "bench", help="throughput benchmarks against same-process baselines",
-        description="Throughput benchmarks, each next to its baseline measured in the same process: "
-        "fedrl bench envs (env steps/s), fedrl bench algos (a training round, batched vs looped), "
-        "fedrl bench single (one single-env step vs Gymnasium/NumPy, SB3 PPO), "
-        "fedrl bench reference (training rounds vs the papers' reference implementations), "
-        "fedrl bench memory (peak RSS of rollouts at growing envs x steps), "
-        "fedrl bench mujoco (training env steps/s on a MuJoCo env vs SB3's PPO), "
-        "fedrl bench kernels (the arc policy's compiled kernels vs its torch kernels). Every target prints its peak RSS.",
-    )
-    targets = bench.add_subparsers(dest="bench_target", required=True, metavar="TARGET", help="what to benchmark")
-    for add_target in BENCH_TARGETS:
-        add_target(targets)
-    for parser in targets.choices.values():
-        parser.add_argument(
-            "--background-load", type=non_negative_int, default=0, metavar="N",
-            help="run N busy processes (one core each, ended with the benchmark, at most an hour) beside the "
-            "timing, for the figure on a loaded machine (default 0)",
-        )
-        parser.set_defaults(func=_under_background_load(parser.get_default("func")))
-
-
-def _under_background_load(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """A target's command run beside ``args.background_load`` busy processes (:mod:`fedrl_algos.background_load`)."""
-
-    @functools.wraps(run)
-    def command(args: argparse.Namespace) -> int:
-        n = getattr(args, "background_load", 0)
-        if not n:
-            return run(args)
-        from fedrl_algos.background_load import background_load
-
-        with background_load(n):
-            print(f"background load: {n} busy process(es) beside the timing ({os.cpu_count()} cores)")
-            return run(args)
-
-    return command
