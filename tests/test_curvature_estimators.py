@@ -22,10 +22,10 @@ from fedrl_algos.core.curvature import (
     curvature_weights,
 )
 from fedrl_algos.core.estimators import discounted_rewards_to_go
-from fedrl_algos.curvature_stats import curvature_estimator_stats
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_algos.reproduce.cli import _estimator_list, _int_list
+from fedrl_algos.reproduce.curvature_stats import curvature_estimator_stats
 from fedrl_algos.reproduce.neural import CurvatureConfig, MetaSweep, arc_policy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
 
@@ -306,7 +306,7 @@ def test_reproduce_curvature_with_estimators(tmp_path):
 
 
 def test_curvature_stats_command_prints_every_row(capsys):
-    from fedrl_algos.curvature_stats import main
+    from fedrl_algos.reproduce.curvature_stats import main
 
     assert main(["--batches", "300", "--arc-batches", "40", "--m-hs", "10"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "m_h" not in line]
@@ -493,7 +493,7 @@ def test_curvature_clip_stats_measures_the_trade():
     """A bound no batch reaches is the unclipped step (no bias, same variance); c = 0.5 shortens
     batches, lowers the variance and moves the mean (the bias the docs report); the first-order step
     has the least variance of all."""
-    from fedrl_algos.curvature_stats import curvature_clip_stats
+    from fedrl_algos.reproduce.curvature_stats import curvature_clip_stats
 
     theta = arc_policy("cpu").theta.detach().clone()
     loose, tight, first_order = curvature_clip_stats(theta, agent=0, m_h=10, n_batches=300, clips=(1e9, 0.5))
@@ -504,7 +504,7 @@ def test_curvature_clip_stats_measures_the_trade():
 
 
 def test_curvature_stats_clip_table(capsys, monkeypatch):
-    import fedrl_algos.curvature_stats as stats
+    import fedrl_algos.reproduce.curvature_stats as stats
 
     # the shared initialization instead of the trained points: the table's layout, not its numbers
     monkeypatch.setattr(stats, "_clip_rows", lambda m_hs, n, clips: [

@@ -1,4 +1,4 @@
-"""``fedrl_algos.gradient_snr``: noise, signal and disjoint-batch cosines of per-episode gradient terms.
+"""``fedrl_algos.reproduce.gradient_snr``: noise, signal and disjoint-batch cosines of per-episode gradient terms.
 
 * on synthetic terms ``μ + σ ε`` the trace, the signal and the cosines match their closed forms;
 * pure noise has (near-)zero signal and no unit-SNR batch size; bad shapes are ``ValueError``s;
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrl_algos.gradient_snr import atari_gradient_snr, batch_snr
+from fedrl_algos.reproduce.gradient_snr import atari_gradient_snr, batch_snr
 
 
 def test_batch_snr_matches_the_closed_forms_on_synthetic_terms():

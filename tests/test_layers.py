@@ -192,7 +192,6 @@ TOP_LEVEL_PACKAGES = {
 }
 TOP_LEVEL_MODULES_TO_MOVE = {
     "_cli_args", "cli", "flower_cli",  # the command line, to live in one place
-    "curvature_stats", "gradient_snr",  # research diagnostics, to go under reproduce/
     "exact",
     "attacks", "base", "fed_sb3", "per_fedavg",  # deprecated shims, to go (old model files keep loading)
 }

@@ -1,4 +1,4 @@
-"""Bias and variance of the exact variant's curvature estimators (``python -m fedrl_algos.curvature_stats``).
+"""Bias and variance of the exact variant's curvature estimators (``python -m fedrl_algos.reproduce.curvature_stats``).
 
 :func:`curvature_estimator_stats` draws ``n_batches`` independent Hessian batches of ``m_h``
 trajectories (one batched rollout, each batch a row with its own random stream; every estimator
@@ -277,7 +277,7 @@ def _fmt(x: Any, spec: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the bias/variance tables (markdown) of the curvature estimators."""
-    parser = argparse.ArgumentParser(prog="python -m fedrl_algos.curvature_stats", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedrl_algos.reproduce.curvature_stats", description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=20000, help="independent Hessian batches (gridworld)")
     parser.add_argument("--arc-batches", type=int, default=2000, help="independent Hessian batches (arc navigation)")
     parser.add_argument("--m-hs", default="10,50", help="comma-separated m_h")

@@ -1,4 +1,4 @@
-"""Signal-to-noise ratio of a policy-gradient estimate (``python -m fedrl_algos.gradient_snr``).
+"""Signal-to-noise ratio of a policy-gradient estimate (``python -m fedrl_algos.reproduce.gradient_snr``).
 
 :func:`batch_snr` summarizes per-episode gradient terms ``g_j`` (``[n, d]``, their mean is the
 batch estimate): the noise ``tr Σ`` (unbiased sample covariance), the unbiased squared signal
@@ -90,7 +90,7 @@ def atari_gradient_snr(game: str = "pong", episodes: int = 200, seed: int = 0, g
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedrl_algos.gradient_snr", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fedrl_algos.reproduce.gradient_snr", description=__doc__.split("\n")[0])
     parser.add_argument("--game", choices=["pong", "breakout"], default="pong")
     parser.add_argument("--episodes", type=int, default=200, help="episodes per agent (default 200)")
     parser.add_argument("--seed", type=int, default=0)
