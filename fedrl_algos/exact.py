@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from fedrl_envs import get_family, stack_params
-from fedrl_envs.core import TaskFamily
+from fedrl_envs.family import TaskFamily
 from fedrl_envs.threads import intra_op_threads
 
 __all__ = ["TabularEvaluator", "has_exact_model"]

@@ -17,18 +17,13 @@ import gymnasium as gym
 
 from fedrl_envs.arc_navigation import ARC_NAVIGATION, ArcNavigationEnv, ArcNavigationFamily, ArcNavigationParams
 from fedrl_envs.cartpole import CARTPOLE, CartPoleEnv, CartPoleFamily, CartPoleParams
-from fedrl_envs.core import (
-    FamilyEnv,
-    FamilyVectorEnv,
-    TaskFamily,
-    index_params,
-    params_to,
-    repeat_params,
-    stack_params,
-)
+from fedrl_envs.family import TaskFamily
 from fedrl_envs.gridworld import GRIDWORLD, GridWorldEnv, GridWorldFamily, GridWorldParams
+from fedrl_envs.params import index_params, params_to, repeat_params, stack_params
 from fedrl_envs.pendulum import PENDULUM, PendulumEnv, PendulumFamily, PendulumParams
 from fedrl_envs.rng import RandomStreams, derive_keys
+from fedrl_envs.single import FamilyEnv
+from fedrl_envs.vector import FamilyVectorEnv
 
 __all__ = [
     "ARC_NAVIGATION",

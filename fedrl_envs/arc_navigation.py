@@ -11,8 +11,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl_envs.core import FamilyEnv, TaskFamily, check_int
+from fedrl_envs.family import TaskFamily
 from fedrl_envs.ops import array_ops
+from fedrl_envs.single import FamilyEnv
+from fedrl_envs.validation import check_int
 
 __all__ = ["ArcNavigationParams", "ArcNavigationFamily", "ArcNavigationEnv", "ARC_NAVIGATION", "row_transition"]
 

@@ -20,9 +20,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl_envs.core import FamilyEnv, TaskFamily, check_int, derived
+from fedrl_envs.family import TaskFamily
 from fedrl_envs.fused import numba_available
 from fedrl_envs.ops import array_ops
+from fedrl_envs.params import derived
+from fedrl_envs.single import FamilyEnv
+from fedrl_envs.validation import check_int
 
 __all__ = [
     "CartPoleParams",
@@ -287,7 +290,7 @@ class CartPoleFamily(_DefaultPopulation, TaskFamily[CartPoleParams]):
 
         ``state`` is float32 components ``[4, N]``, ``action`` int64 ``[N]``; ``rest`` the env's
         step inputs and outputs in the order :meth:`FamilyVectorEnv._step_fused
-        <fedrl_envs.core.FamilyVectorEnv._step_fused>` passes them. The cosine and sine are torch's,
+        <fedrl_envs.vector.FamilyVectorEnv._step_fused>` passes them. The cosine and sine are torch's,
         so every value is bitwise what :meth:`step`, the env's time limit and its reset draw give on
         torch tensors. Returns ``(n_done, n_bad)``: rows that ended, actions out of range (then
         nothing was drawn).

@@ -3,11 +3,11 @@
 A torch (or NumPy) CPU operation costs microseconds however small its input, and at 10^5
 environments every operation also streams its inputs and output through memory: a CartPole step
 of the native vector env is about 70 of them. With ``kernels="numba"`` a family that has a fused
-step (:attr:`TaskFamily.fused_kernels <fedrl_envs.core.TaskFamily>`) runs the transition, the
+step (:attr:`TaskFamily.fused_kernels <fedrl_envs.family.TaskFamily>`) runs the transition, the
 termination test, the time limit, the observation copies, the list of rows to reset and their
 resets (the same reset words, hashed by the same finalizer function) as one call of loops
 compiled by `Numba <https://numba.pydata.org>`_; the algorithms' rollouts use the compiled
-transition alone (:meth:`TaskFamily.fast_step <fedrl_envs.core.TaskFamily.fast_step>`).
+transition alone (:meth:`TaskFamily.fast_step <fedrl_envs.family.TaskFamily.fast_step>`).
 
 **The same numbers.** A fused step compiles the family's own arithmetic, the functions its torch
 kernel calls (for CartPole: :func:`~fedrl_envs.cartpole.push`,

@@ -10,8 +10,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl_envs.core import FamilyEnv, TaskFamily, check_int, derived
+from fedrl_envs.family import TaskFamily
 from fedrl_envs.ops import array_ops
+from fedrl_envs.params import derived
+from fedrl_envs.single import FamilyEnv
+from fedrl_envs.validation import check_int
 
 __all__ = ["GridWorldParams", "GridWorldFamily", "GridWorldEnv", "GRIDWORLD", "gridworld_goals"]
 

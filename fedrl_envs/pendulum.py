@@ -20,8 +20,10 @@ import numpy as np
 import torch
 
 from fedrl_envs.cartpole import _DefaultPopulation
-from fedrl_envs.core import FamilyEnv, TaskFamily, derived
+from fedrl_envs.family import TaskFamily
 from fedrl_envs.ops import array_ops
+from fedrl_envs.params import derived
+from fedrl_envs.single import FamilyEnv
 
 __all__ = ["PendulumParams", "PendulumFamily", "PendulumEnv", "PENDULUM", "PENDULUM_DEFAULTS", "angle_normalize"]
 

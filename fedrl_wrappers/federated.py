@@ -32,18 +32,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
-from fedrl_envs.core import (
-    MAX_ENVS,
-    _reset_mask,
-    alive_mask,
-    check_array_type,
-    check_device,
-    check_int,
-    check_seed,
-    fitted_to_envs,
-)
+from fedrl_envs.family import alive_mask
 from fedrl_envs.rng import seed_from_entropy
 from fedrl_envs.threads import with_fitted_threads
+from fedrl_envs.validation import MAX_ENVS, _reset_mask, check_array_type, check_device, check_int, check_seed
+from fedrl_envs.vector import fitted_to_envs
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
@@ -86,7 +79,7 @@ class EnvRollout(NamedTuple):
     def alive(self) -> torch.Tensor:
         """``[n_agents, n_envs, T]`` bool: step ``t`` was taken before any termination (fixed horizon).
 
-        The library's one episode mask, :func:`fedrl_envs.core.alive_mask` (the terminating step
+        The library's one episode mask, :func:`fedrl_envs.family.alive_mask` (the terminating step
         itself is alive); a NumPy array when the fields are.
         """
         if isinstance(self.terminated, np.ndarray):

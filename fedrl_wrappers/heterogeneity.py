@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = [
     "BodyMassScale",

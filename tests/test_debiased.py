@@ -25,7 +25,7 @@ from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient, debiased_meta_gradient, score_term_baseline
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params
-from fedrl_envs.core import index_params
+from fedrl_envs.params import index_params
 
 GAMMA = 0.9
 DT = torch.float64

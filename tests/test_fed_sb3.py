@@ -497,7 +497,7 @@ def test_bad_arguments_name_themselves(kwargs, match):
 
 @pytest.mark.parametrize("name", ["sync_every", "n_agents", "n_envs"])
 def test_non_integer_counts_name_themselves(name):
-    # fedrl_envs.core.check_int: a float is never truncated, a bool is not a count
+    # fedrl_envs.validation.check_int: a float is never truncated, a bool is not a count
     args = {"algorithm_class": DQN, "env": CARTPOLE, "n_agents": 2, "algorithm_kwargs": DQN_KW, "device": "cpu"}
     for bad in (40.0, True):
         with pytest.raises(TypeError, match=name):

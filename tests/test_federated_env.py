@@ -14,7 +14,7 @@ from gymnasium.vector import AutoresetMode
 
 import fedrl_envs
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys
-from fedrl_envs.core import alive_mask
+from fedrl_envs.family import alive_mask
 from fedrl_wrappers import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
 
 GRID = "fedrl/GridWorld-v0"

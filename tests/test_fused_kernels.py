@@ -8,9 +8,9 @@ import torch
 pytest.importorskip("numba")
 
 from fedrl_envs.cartpole import CARTPOLE, accelerations  # noqa: E402
-from fedrl_envs.core import FamilyVectorEnv  # noqa: E402
 from fedrl_envs.fused import float32_twin, numba_available  # noqa: E402
 from fedrl_envs.gridworld import GRIDWORLD  # noqa: E402
+from fedrl_envs.vector import FamilyVectorEnv  # noqa: E402
 from fedrl_wrappers import FederatedVecEnv  # noqa: E402
 
 
@@ -139,7 +139,7 @@ def test_float32_twin_computes_in_float32_like_torch():
 
 
 def test_fast_step_is_the_kernel_step_bitwise_and_falls_back_where_it_does_not_apply():
-    from fedrl_envs.core import repeat_params, stack_params
+    from fedrl_envs.params import repeat_params, stack_params
 
     params = repeat_params(stack_params(CARTPOLE.train_tasks), 40)
     gen = torch.Generator().manual_seed(5)
@@ -160,7 +160,7 @@ def test_fast_step_is_the_kernel_step_bitwise_and_falls_back_where_it_does_not_a
 
 
 def test_fast_step_falls_back_to_the_kernel_for_what_the_loop_does_not_cover():
-    from fedrl_envs.core import repeat_params, stack_params
+    from fedrl_envs.params import repeat_params, stack_params
 
     gen = torch.Generator().manual_seed(6)
     state = (torch.rand(12, 4, generator=gen) - 0.5) * 0.2
@@ -189,7 +189,7 @@ def test_a_subclass_with_its_own_dynamics_is_not_fused():
 
     windy = Windy()
     assert CARTPOLE.fused_kernels and not windy.fused_kernels
-    from fedrl_envs.core import repeat_params, stack_params
+    from fedrl_envs.params import repeat_params, stack_params
 
     params = repeat_params(stack_params(CARTPOLE.train_tasks[:2]), 3)
     state, action = torch.zeros(6, 4), torch.ones(6, dtype=torch.int64)

@@ -671,7 +671,7 @@ def _episodes(batch=(2,), m=3, steps=4, n_states=3, n_actions=2, seed=11) -> tup
     """A tabular policy and trajectories with early terminations (padded steps: random actions)."""
     g = torch.Generator().manual_seed(seed)
     terminated = torch.rand(*batch, m, steps, generator=g) < 0.3
-    from fedrl_envs.core import alive_mask
+    from fedrl_envs.family import alive_mask
 
     mask = alive_mask(terminated).to(torch.float64)
     rewards = torch.randn(*batch, m, steps, generator=g, dtype=torch.float64) * mask

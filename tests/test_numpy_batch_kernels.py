@@ -8,10 +8,10 @@ import torch
 import fedrl_envs
 from fedrl_envs.arc_navigation import ARC_NAVIGATION
 from fedrl_envs.cartpole import CARTPOLE
-from fedrl_envs.core import FamilyVectorEnv
 from fedrl_envs.gridworld import GRIDWORLD
 from fedrl_envs.ops import NUMPY_BATCH, NUMPY_ONE, array_ops, numpy_batch
 from fedrl_envs.pendulum import PENDULUM
+from fedrl_envs.vector import FamilyVectorEnv
 from fedrl_wrappers import FederatedVecEnv
 
 

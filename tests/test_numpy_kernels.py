@@ -27,8 +27,8 @@ from fedrl_envs import (
     derive_keys,
     stack_params,
 )
-from fedrl_envs.core import params_to_numpy
 from fedrl_envs.ops import NUMPY_ONE, TORCH, array_ops
+from fedrl_envs.params import params_to_numpy
 from fedrl_envs.rng import OneStream
 
 FAMILIES = [GRIDWORLD, ARC_NAVIGATION, CARTPOLE, PENDULUM]

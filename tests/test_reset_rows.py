@@ -7,10 +7,10 @@ import torch
 
 from fedrl_envs.arc_navigation import ARC_NAVIGATION
 from fedrl_envs.cartpole import CARTPOLE
-from fedrl_envs.core import FamilyVectorEnv
 from fedrl_envs.gridworld import GRIDWORLD
 from fedrl_envs.pendulum import PENDULUM
 from fedrl_envs.rng import RandomStreams
+from fedrl_envs.vector import FamilyVectorEnv
 
 
 def test_bits_at_equals_the_words_bits_would_draw():

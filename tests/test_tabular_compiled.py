@@ -13,8 +13,8 @@ from fedrl_algos.core.sampling import rollout  # noqa: E402
 from fedrl_algos.policies import TabularPolicy, tabular_compiled  # noqa: E402
 from fedrl_algos.policies import tabular as tabular_module  # noqa: E402
 from fedrl_algos.policies.tabular import tabulate  # noqa: E402
-from fedrl_envs.core import stack_params  # noqa: E402
 from fedrl_envs.gridworld import GridWorldFamily  # noqa: E402
+from fedrl_envs.params import stack_params  # noqa: E402
 from fedrl_envs.rng import RandomStreams  # noqa: E402
 
 GRIDWORLD = GridWorldFamily()

@@ -152,7 +152,7 @@ def rollout_memory(
     :param device: torch device (the RSS is the host's; on CUDA the tensors are not in it)
     :param seed: seed of the envs and the policy
     """
-    from fedrl_envs.core import check_int
+    from fedrl_envs.validation import check_int
 
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")

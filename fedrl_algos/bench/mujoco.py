@@ -124,7 +124,7 @@ def bench_mujoco(
     :param seed: seed of the models and envs
     :param show: print the table
     """
-    from fedrl_envs.core import check_int
+    from fedrl_envs.validation import check_int
 
     for name in methods:
         if name not in METHODS:

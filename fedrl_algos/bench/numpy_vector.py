@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["NumpyGridWorldVector", "NumpyArcNavigationVector", "numpy_vector_env"]
 

@@ -217,7 +217,7 @@ def bench_reference(
     :param show: print the table
     :raises ValueError: for an unknown configuration, a bad count, or a missing or wrong directory
     """
-    from fedrl_envs.core import check_int
+    from fedrl_envs.validation import check_int
 
     for name in configs:
         if name not in CONFIGS:

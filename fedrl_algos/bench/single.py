@@ -37,7 +37,7 @@ import numpy as np
 
 from fedrl_algos._cli_args import finish_bench, non_negative_int, positive_int
 from fedrl_algos.common.learn import make_logger
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = [
     "NumpyArcNavigation",

@@ -138,7 +138,7 @@ def _bare_rate(model: Any, envs_per_agent: int, min_time: float, seed: int) -> f
     """Env steps/s of the native vector env of the model's agents (autoreset, random actions)."""
     import torch
 
-    from fedrl_envs.core import FamilyVectorEnv
+    from fedrl_envs.vector import FamilyVectorEnv
 
     venv = FamilyVectorEnv(model.family, model.agent_params, n_envs=envs_per_agent, device=model.device, seed=seed)
     venv.reset()
@@ -201,8 +201,8 @@ def bench_training(
     :param show: print the table
     """
     import fedrl_algos
-    from fedrl_envs.core import check_int
     from fedrl_envs.fused import numba_available
+    from fedrl_envs.validation import check_int
 
     for name in configs:
         if name not in CONFIGS:

@@ -36,9 +36,11 @@ from fedrl_algos.core.normalization import ObservationNormalizer
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
-from fedrl_envs.core import FamilyVectorEnv, check_device, check_int, index_params, params_to, stack_params
+from fedrl_envs.params import index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 from fedrl_envs.threads import fitted_threads
+from fedrl_envs.validation import check_device, check_int
+from fedrl_envs.vector import FamilyVectorEnv
 from fedrl_wrappers import FederatedVecEnv
 
 __all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma"]

@@ -19,7 +19,9 @@ import gymnasium as gym
 import torch
 
 import fedrl_envs
-from fedrl_envs.core import TaskFamily, check_int, stack_params
+from fedrl_envs.family import TaskFamily
+from fedrl_envs.params import stack_params
+from fedrl_envs.validation import check_int
 from fedrl_wrappers.federated import FederatedVecEnv
 
 __all__ = ["FederationEnv", "resolve_federation_env", "n_tasks", "DEFAULT_ENVS_PER_AGENT"]

@@ -173,7 +173,7 @@ def _known_params_types() -> dict[str, type]:
     import gymnasium as gym
 
     import fedrl_envs
-    from fedrl_envs.core import TaskFamily
+    from fedrl_envs.family import TaskFamily
 
     families = {id(f): f for f in fedrl_envs.FAMILIES.values()}
     for env_id in list(gym.registry):
@@ -263,7 +263,7 @@ class _Encoder:
         return self._object(value, where)
 
     def _object(self, value: Any, where: str) -> Any:
-        from fedrl_envs.core import TaskFamily
+        from fedrl_envs.family import TaskFamily
 
         if isinstance(value, TaskFamily):
             return {":family:": value.env_id}

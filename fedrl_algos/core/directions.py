@@ -19,7 +19,7 @@ import torch
 
 from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["GradientEstimator", "PolicyGradient", "SamplerFn", "local_update", "check_step_size", "check_step_size_or_tensor", "scale"]
 

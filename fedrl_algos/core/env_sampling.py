@@ -21,8 +21,8 @@ import torch
 
 from fedrl_algos.core.sampling import Sampler
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch, fitted_to_rollout
-from fedrl_envs.core import check_int
 from fedrl_envs.rng import RandomStreams
+from fedrl_envs.validation import check_int
 from fedrl_wrappers.federated import FederatedVecEnv
 
 __all__ = ["EnvSampler", "episode_horizon"]

@@ -21,7 +21,8 @@ from fedrl_algos.core.directions import GradientEstimator, local_update
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_envs.core import TaskFamily, index_params
+from fedrl_envs.family import TaskFamily
+from fedrl_envs.params import index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["Federation", "AgentSelection", "LocalSteps", "run_keys", "run_env_stream_ids", "adapt_with_sampler", "combine_seed"]

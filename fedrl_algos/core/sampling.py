@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch, fitted_to_rollout
-from fedrl_envs.core import TaskFamily, repeat_params
+from fedrl_envs.family import TaskFamily
+from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams
 
 __all__ = ["Sampler", "KernelSampler", "rollout", "generic_rollout"]

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from fedrl_envs.core import alive_mask
+from fedrl_envs.family import alive_mask
 from fedrl_envs.rng import RandomStreams
 from fedrl_envs.threads import with_fitted_threads
 
@@ -24,7 +24,7 @@ class Trajectories(NamedTuple):
     Every sampler returns this type (from a family's kernels or from any Gymnasium env), and every
     estimator reads it. Step ``h`` takes ``actions[..., h]`` in the state observed as ``obs[..., h]``
     and earns ``rewards[..., h]``. Episodes of fixed horizon ``T`` that end early are padded: ``mask``
-    is :func:`fedrl_envs.core.alive_mask` of the termination flags (1 up to and including the
+    is :func:`fedrl_envs.family.alive_mask` of the termination flags (1 up to and including the
     terminating step, 0 after it), and the padded steps' rewards are 0.
 
     :param obs: observations ``s_0..s_H`` — ``[*B, m, T, *obs_shape]``

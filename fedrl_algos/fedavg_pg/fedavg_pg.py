@@ -24,7 +24,7 @@ from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
 from fedrl_algos.fedavg_pg.update import fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["FedAvgPG"]
 

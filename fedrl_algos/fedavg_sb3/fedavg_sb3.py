@@ -56,8 +56,8 @@ from fedrl_algos.fedavg_sb3.persistence import (
     write_archive,
 )
 from fedrl_envs import derive_keys
-from fedrl_envs.core import check_int
 from fedrl_envs.rng import seed_from_entropy
+from fedrl_envs.validation import check_int
 from fedrl_wrappers.federated import FederatedVecEnv
 
 SelfFedAvgSB3 = TypeVar("SelfFedAvgSB3", bound="FedAvgSB3")

@@ -22,7 +22,7 @@ from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_basel
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["FedPGBR"]
 

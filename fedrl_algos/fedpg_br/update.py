@@ -21,7 +21,7 @@ from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, sco
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.core.sampling import KernelSampler, Sampler
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_envs.core import index_params
+from fedrl_envs.params import index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = [

@@ -33,7 +33,7 @@ from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.optim import AdamState
 from fedrl_algos.fedavg_pg.update import fedavg_local_steps, fedavg_server_step, round_step_sizes
 from fedrl_algos.mfpo.update import MFPOState
-from fedrl_envs.core import index_params, params_to
+from fedrl_envs.params import index_params, params_to
 from fedrl_envs.rng import RandomStreams
 from fedrl_wrappers import FederatedVecEnv
 

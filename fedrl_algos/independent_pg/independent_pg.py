@@ -15,7 +15,7 @@ from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.core.directions import PolicyGradient, check_step_size
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["IndependentPG", "independent_pg_steps"]
 

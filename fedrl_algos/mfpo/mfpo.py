@@ -19,7 +19,7 @@ from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["MFPO"]
 

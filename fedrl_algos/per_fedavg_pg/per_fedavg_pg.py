@@ -21,7 +21,7 @@ from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["PerFedAvgPG"]
 

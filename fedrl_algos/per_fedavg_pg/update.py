@@ -29,7 +29,7 @@ from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step
 from fedrl_algos.core.estimators import hessian_vector_product
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["ExactMetaGradient", "FirstOrderMetaGradient", "per_fedavg_pg_round"]
 

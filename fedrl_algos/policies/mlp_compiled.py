@@ -12,7 +12,7 @@ by `Numba <https://numba.pydata.org>`_ and torch's vectorized ``sigmoid_`` and `
 3. ``exp`` in place (torch);
 4. one compiled pass that draws every action by the same inverse-CDF rule from the same uniforms,
    steps every environment through the family's compiled transition
-   (:meth:`TaskFamily.compiled_transition <fedrl_envs.core.TaskFamily.compiled_transition>`,
+   (:meth:`TaskFamily.compiled_transition <fedrl_envs.family.TaskFamily.compiled_transition>`,
    bitwise its torch step), records the step and computes the next pre-activations.
 
 The intermediates are feature-major over all environments (``[features, environments]``), so the
@@ -54,8 +54,8 @@ import numpy as np
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
-from fedrl_envs.core import repeat_params
 from fedrl_envs.fused import numba_available
+from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams, uniform32_of_finalizer_input_numpy, uniform32_rows_numpy
 
 __all__ = ["KERNELS", "check_kernels", "resolve_kernels", "compiled_rollout_applies", "compiled_rollout",
@@ -112,7 +112,7 @@ def compiled_rollout_applies(policy: Any, family: Any, params: Any, theta: torch
 
     It applies to a ``FastMlpPolicy`` built with ``kernels="numba"`` (or ``"auto"`` with Numba
     installed), float32 CPU parameters without gradients, and a family with a compiled transition
-    for these parameters (:meth:`~fedrl_envs.core.TaskFamily.compiled_transition`).
+    for these parameters (:meth:`~fedrl_envs.family.TaskFamily.compiled_transition`).
     """
     if resolve_kernels(getattr(policy, "kernels", "torch"), theta.device) != "numba" or not _plain_float32(theta):
         return None

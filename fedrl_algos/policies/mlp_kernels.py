@@ -52,7 +52,7 @@ from fedrl_algos.policies.mlp_compiled import (
 )
 from fedrl_algos.policies.mlp_compiled import unpack_weights as _unpack
 from fedrl_algos.policies.mlp_compiled_hvp import compiled_hvp, compiled_hvp_applies
-from fedrl_envs.core import repeat_params
+from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams
 
 if TYPE_CHECKING:

@@ -39,7 +39,8 @@ from fedrl_algos.policies.tabular_compiled import (
     compiled_walk,
     compiled_walk_applies,
 )
-from fedrl_envs.core import TaskFamily, alive_mask, repeat_params
+from fedrl_envs.family import TaskFamily, alive_mask
+from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams
 
 __all__ = ["TabularPolicy", "TabulatedModel", "TabulatedRollout", "tabulate", "tabular_rollout"]

@@ -25,7 +25,7 @@ import torch
 from fedrl_algos.core.curvature import CURVATURES, check_curvature, curvature_vector_product
 from fedrl_algos.core.sampling import rollout
 from fedrl_envs import RandomStreams, derive_keys, index_params
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["EstimatorStats", "curvature_clip_stats", "curvature_estimator_stats", "hotelling", "main"]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from fedrl_algos._cli_args import positive_int
-from fedrl_envs.core import check_device
+from fedrl_envs.validation import check_device
 
 __all__ = ["run_demo", "register"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["atari_gradient_snr", "batch_snr", "main"]
 

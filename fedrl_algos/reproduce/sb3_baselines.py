@@ -20,7 +20,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import MaybeCallback
 
 from fedrl_algos.fedavg_sb3 import FedAvgSB3
-from fedrl_envs.core import check_int
+from fedrl_envs.validation import check_int
 
 __all__ = ["SB3_BASELINE_DEFAULTS", "run_fed_baseline", "StepsProgressCallback"]
 
