@@ -7,7 +7,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
 from fedrl_envs import GRIDWORLD, stack_params
 

@@ -11,7 +11,7 @@ from fedrl_algos import FedAvgPG, IndependentPG, PerFedAvgPG
 from fedrl_algos.core import PolicyGradient, policy_gradient, rollout
 from fedrl_algos.core.aggregation import RejectedUpdateWarning
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, stack_params

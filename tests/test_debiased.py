@@ -3,7 +3,7 @@
 References are exact: on small gridworlds (3×3 or 5×5, horizon 1–2) every inner batch D_in can be
 enumerated, so the debiased objective F^D(θ) = Σ_D p(D; θ) J(θ + α ĝ(D; θ)) is a differentiable
 function of θ written here from scratch (closed-form softmax scores, J from
-:class:`~fedrl_algos.exact.TabularEvaluator`), its gradient is autograd through it (itself checked
+:class:`~fedrl_algos.core.exact.TabularEvaluator`), its gradient is autograd through it (itself checked
 against finite differences), and the estimator's expectation is an exact weighted sum over D_in.
 """
 
@@ -21,7 +21,7 @@ from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.score_calculus import autograd_log_prob_hvp, log_likelihood_jvp, log_prob_hvp
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient, debiased_meta_gradient, score_term_baseline
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params

@@ -1,4 +1,4 @@
-"""Exact evaluation (fedrl_algos.exact) against independent computations.
+"""Exact evaluation (fedrl_algos.core.exact) against independent computations.
 
 Every reference here is computed separately from the evaluator's value recursion: a forward
 recursion over state distributions on the dense transition tensor, brute-force enumeration of every
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, stack_params
 
 GAMMA = 0.9

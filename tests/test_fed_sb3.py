@@ -1,20 +1,17 @@
 """FedAvgSB3 (Fed-DQN, Fed-SAC, Fed-PPO): the server rule by hand, what a sync touches, the shell.
 
-Also: files saved before the split into :mod:`fedrl_algos.fedavg_sb3` still load, and the
-deprecated module ``fedrl_algos.fed_sb3`` still resolves every old name.
+Also: files saved before the split into :mod:`fedrl_algos.fedavg_sb3` (by the module
+``fedrl_algos.fed_sb3``, gone since) still load.
 """
 
 from __future__ import annotations
 
 import copy
 import csv
-import importlib
 import io
 import json
 import pathlib
-import re
 import types
-import warnings
 import zipfile
 
 import numpy as np
@@ -24,8 +21,6 @@ from stable_baselines3 import DQN, PPO, SAC
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import configure
 
-import fedrl_algos.fedavg_sb3
-import fedrl_algos.reproduce.sb3_baselines
 from fedrl_algos import FedAvgSB3
 from fedrl_algos.fedavg_sb3 import ParameterAverage, PolicySelector, PrefixSelector, default_selector, parameter_average
 from fedrl_algos.fedavg_sb3.persistence import CONFIG_NAME, FORMAT_VERSION, read_archive, write_archive
@@ -405,50 +400,7 @@ def test_archive_format_version_is_checked(tmp_path):
     assert sorted(zipfile.ZipFile(tmp_path / "same.zip").namelist()) == sorted([CONFIG_NAME, "agent_0.zip", "agent_1.zip"])
 
 
-# --- the deprecated module and the layering ---------------------------------------------------
-MOVED = {
-    "FedAvgSB3": (fedrl_algos.fedavg_sb3, "FedAvgSB3"),
-    "Aggregator": (fedrl_algos.fedavg_sb3, "Aggregator"),
-    "ParameterAverage": (fedrl_algos.fedavg_sb3, "ParameterAverage"),
-    "PolicySelector": (fedrl_algos.fedavg_sb3, "PolicySelector"),
-    "PrefixSelector": (fedrl_algos.fedavg_sb3, "PrefixSelector"),
-    "broadcast": (fedrl_algos.fedavg_sb3, "broadcast"),
-    "default_selector": (fedrl_algos.fedavg_sb3, "default_selector"),
-    "BASELINES": (fedrl_algos.reproduce.sb3_baselines, "SB3_BASELINE_DEFAULTS"),
-    "run_fed_baseline": (fedrl_algos.reproduce.sb3_baselines, "run_fed_baseline"),
-}
-
-
-@pytest.mark.parametrize("old", list(MOVED))
-def test_deprecated_fed_sb3_names_resolve_to_their_new_objects(old):
-    module, new = MOVED[old]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # importing the old module alone warns about nothing
-        old_module = importlib.reload(importlib.import_module("fedrl_algos.fed_sb3"))
-    with pytest.warns(DeprecationWarning, match=re.escape(f"{module.__name__}.{new}" if new != old else module.__name__)) as record:
-        obj = getattr(old_module, old)
-    assert obj is getattr(module, new)
-    assert record[0].filename == __file__  # the warning points at the caller's line
-    assert old not in dir(old_module)  # not advertised: pytest's collection walks dir() and would warn
-
-
-def test_deprecated_fed_sb3_import_statement_and_unknown_names():
-    with pytest.warns(DeprecationWarning, match="BASELINES is now fedrl_algos.reproduce.sb3_baselines.SB3_BASELINE_DEFAULTS"):
-        from fedrl_algos.fed_sb3 import BASELINES
-    assert BASELINES is SB3_BASELINE_DEFAULTS
-    with pytest.warns(DeprecationWarning, match="run_fed_baseline moved to fedrl_algos.reproduce.sb3_baselines"):
-        from fedrl_algos.fed_sb3 import run_fed_baseline as old_run
-    assert old_run is run_fed_baseline
-    import fedrl_algos.fed_sb3 as old_module
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(AttributeError, match="no_such_name"):
-            old_module.no_such_name  # noqa: B018
-        with pytest.raises(AttributeError):
-            old_module._check_int  # noqa: B018  (private helpers were never API)
-
-
+# --- the layering --------------------------------------------------------------------------------
 def test_the_algorithm_package_does_not_import_its_experiment_settings():
     import test_layers
 
@@ -463,10 +415,9 @@ def test_the_algorithm_package_does_not_import_its_experiment_settings():
                 reached.add(target)
                 todo.append(target)
     assert not {m for m in reached if test_layers._within(m, "fedrl_algos.reproduce")}
-    assert not {m for m in reached if m == "fedrl_algos.fed_sb3"}
     assert "fedrl_algos.fedavg_sb3" in graph["fedrl_algos.reproduce.sb3_baselines"]
     involved = [c for c in test_layers._cycles(graph) if any(test_layers._within(m, package) or m in (
-        "fedrl_algos.fed_sb3", "fedrl_algos.reproduce.sb3_baselines") for m in c)]
+        "fedrl_algos.reproduce.sb3_baselines",) for m in c)]
     assert not involved
 
 

@@ -20,7 +20,7 @@ from fedrl_algos.core.gpomdp import (
     score_gradient,
     time_baseline,
 )
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.policies import MlpPolicy
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
 

@@ -22,7 +22,7 @@ from fedrl_algos.core import (
     reward_to_go_weights,
     rollout,
 )
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.fedpg_br import byzantine_filter, filter_threshold, filtered_mean, geometric_inner_steps
 from fedrl_algos.fedpg_br.update import _median_ball
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params

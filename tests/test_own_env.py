@@ -18,7 +18,7 @@ import torch
 from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
 from fedrl_algos.core import KernelSampler, autograd_score_gradient, policy_gradient, reward_to_go_weights
 from fedrl_algos.core.env_sampling import EnvSampler
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params
 from fedrl_wrappers import FederatedVecEnv

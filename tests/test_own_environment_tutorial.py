@@ -24,7 +24,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 from fedrl_algos import FedAvgPG, PerFedAvgPG
 from fedrl_algos.core import KernelSampler
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
 from fedrl_envs import FamilyVectorEnv, RandomStreams, derive_keys, stack_params
 from fedrl_wrappers import FederatedVecEnv

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-import fedrl_algos.reproduce.cli as reproduce_cli
+import fedrl_algos.cli.reproduce as reproduce_cli
 from fedrl_algos.cli import main
 from fedrl_algos.policies.mlp_compiled import resolve_kernels
 from fedrl_algos.reproduce import EXPERIMENTS, ExperimentOutput, config_settings, run_experiment

@@ -12,7 +12,7 @@ from fedrl_algos.cli import main
 from fedrl_algos.core import KernelSampler, policy_gradient, reward_to_go_weights, rollout
 from fedrl_algos.core.estimators import autograd_hvp
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.exact import TabularEvaluator
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.policies.tabular import tabulate

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fedrl_algos._cli_args import finish_bench, positive_int
+from fedrl_algos.cli.args import finish_bench, positive_int
 from fedrl_algos.core import KernelSampler, aggregate, local_update
 from fedrl_algos.core.federation import Federation, run_keys
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient
@@ -128,7 +128,7 @@ def _cmd_bench_algos(args: Any) -> int:
 
 
 def add_algos_target(targets: Any) -> None:
-    """Add ``fedrl bench algos`` (see :func:`fedrl_algos.bench.register`)."""
+    """Add ``fedrl bench algos`` (see :func:`fedrl_algos.cli.bench.register`)."""
     p = targets.add_parser(
         "algos",
         help="one training round, runs batched vs looped",

@@ -43,9 +43,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
 from fedrl_algos.bench._policies import _mlp_policy, _tabular_policy
 from fedrl_algos.bench.vector import _rate
+from fedrl_algos.cli.args import finish_bench, positive_int, set_threads
 
 __all__ = ["EnvBenchRecord", "bench_envs", "add_envs_target"]
 
@@ -404,7 +404,7 @@ def _cmd_bench_envs(args: argparse.Namespace) -> int:
 
 
 def add_envs_target(targets: argparse._SubParsersAction) -> None:
-    """Add ``fedrl bench envs`` (see :func:`fedrl_algos.bench.register`)."""
+    """Add ``fedrl bench envs`` (see :func:`fedrl_algos.cli.bench.register`)."""
     p = targets.add_parser(
         "envs",
         help="env steps/s of the federated env vs a hand-vectorized NumPy env and gymnasium SyncVectorEnv",

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos.cli.args import finish_bench, positive_int, set_threads
 
 __all__ = ["bench_flower", "add_flower_target"]
 

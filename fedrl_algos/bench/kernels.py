@@ -34,7 +34,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
+from fedrl_algos.cli.args import finish_bench, positive_int, print_columns, set_threads
 
 __all__ = ["KernelBenchRecord", "bench_kernels", "add_kernels_target", "OPERATIONS", "TABULAR_OPERATION", "TABULAR_TABLE_OPERATION"]
 

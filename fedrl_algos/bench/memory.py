@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, peak_rss, positive_int, print_columns
+from fedrl_algos.cli.args import finish_bench, peak_rss, positive_int, print_columns
 
 __all__ = ["MemoryRecord", "PATHS", "DEFAULT_SIZES", "rollout_memory", "memory_scaling", "add_memory_target"]
 

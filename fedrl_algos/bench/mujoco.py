@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import _int_at_least, finish_bench, positive_int, print_columns, set_threads
 from fedrl_algos.bench.training import _count_steps, _time_rounds
+from fedrl_algos.cli.args import _int_at_least, finish_bench, positive_int, print_columns, set_threads
 
 __all__ = ["MujocoBenchRecord", "bench_mujoco", "add_mujoco_target", "METHODS"]
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
+from fedrl_algos.cli.args import finish_bench, positive_int, print_columns, set_threads
 
 __all__ = ["ReferenceConfig", "ReferenceBenchRecord", "CONFIGS", "bench_reference", "fedrl_rate", "reference_rate", "reference_code_dir", "add_reference_target"]
 

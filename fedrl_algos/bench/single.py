@@ -35,7 +35,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fedrl_algos._cli_args import finish_bench, non_negative_int, positive_int
+from fedrl_algos.cli.args import finish_bench, non_negative_int, positive_int
 from fedrl_algos.common.learn import make_logger
 from fedrl_envs.validation import check_int
 
@@ -307,7 +307,7 @@ def _cmd_bench_single(args: argparse.Namespace) -> int:
 
 
 def add_single_target(targets: Any) -> None:
-    """Add ``fedrl bench single`` (see :func:`fedrl_algos.bench.register`)."""
+    """Add ``fedrl bench single`` (see :func:`fedrl_algos.cli.bench.register`)."""
     p = targets.add_parser(
         "single",
         help="one step of each single env vs Gymnasium / plain NumPy, and SB3 PPO on CartPole",

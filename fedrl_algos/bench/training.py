@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, print_columns, set_threads
+from fedrl_algos.cli.args import finish_bench, positive_int, print_columns, set_threads
 from fedrl_algos.core.sampling import Sampler
 
 __all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "CONFIGS"]

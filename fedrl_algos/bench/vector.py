@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedrl_algos._cli_args import finish_bench, positive_int, set_threads
+from fedrl_algos.cli.args import finish_bench, positive_int, set_threads
 
 __all__ = ["VectorBenchRecord", "bench_vector", "add_vector_target", "BASELINES"]
 

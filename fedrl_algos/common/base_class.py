@@ -31,10 +31,10 @@ from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.aggregation import UpdateCheck, warn_rejected
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
+from fedrl_algos.core.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.core.federation import Federation, adapt_with_sampler, combine_seed
 from fedrl_algos.core.normalization import ObservationNormalizer
 from fedrl_algos.core.sampling import KernelSampler
-from fedrl_algos.exact import TabularEvaluator, has_exact_model
 from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.params import index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
@@ -97,11 +97,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     #: stop a batch's rollout once all its episodes have terminated (for families whose episodes
     #: end early, e.g. CartPole; the results are unchanged, see ``core.sampling.rollout``)
     stop_rollouts_when_done: ClassVar[bool] = False
-    #: deprecated constructor arguments of this class: old name → new name
-    renamed_arguments: ClassVar[dict[str, str]] = {}
-    #: deprecated attribute names (read with a warning; renamed when a file saved before the
-    #: rename is loaded): old name → new name
-    renamed_attributes: ClassVar[dict[str, str]] = {}
+    #: attributes that files saved by earlier versions carry under an older name (renamed on load):
+    #: old name → new name
+    saved_attribute_renames: ClassVar[dict[str, str]] = {}
     #: attributes that files saved by earlier versions carry and this class no longer has
     #: (dropped on load; e.g. the dummy ``beta``/``tau``/``alpha`` the old shared base required)
     obsolete_attributes: ClassVar[tuple[str, ...]] = ()
@@ -170,18 +168,6 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         if _init_setup_model:
             self._setup_model()
 
-    def __getattr__(self, name: str) -> Any:
-        # Deprecated attribute names (``model.beta``) read the renamed attribute, with a warning.
-        renamed = type(self).renamed_attributes
-        if name in renamed:
-            warnings.warn(
-                f"{type(self).__name__}.{name} is deprecated and will be removed in the next release; use .{renamed[name]}",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return getattr(self, renamed[name])
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     # --- set-up --------------------------------------------------------------------------------
     def _bind_env(self, env: Any, agent_kwargs: Any = None, n_agents: int | None = None) -> None:
         agents = resolve_federation_env(env, agent_kwargs, n_agents, seed=self.seed, device=self.device)
@@ -219,7 +205,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     def _migrate_saved_attributes(self) -> None:
         """Attributes of a file saved before a rename take their new names (the saved value wins
         over the constructor's default); attributes this class no longer has are dropped."""
-        for old, new in type(self).renamed_attributes.items():
+        for old, new in type(self).saved_attribute_renames.items():
             if old in self.__dict__:
                 self.__dict__[new] = self.__dict__.pop(old)
         for name in type(self).obsolete_attributes:

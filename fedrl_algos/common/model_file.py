@@ -32,6 +32,7 @@ while saving leaves the previous file (or none) at the path, never a half-writte
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import dataclasses
@@ -42,6 +43,7 @@ import pathlib
 import pickle
 import tempfile
 import typing
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -51,11 +53,12 @@ import numpy as np
 import stable_baselines3 as sb3
 import torch
 from gymnasium import spaces
-from stable_baselines3.common.save_util import get_system_info, json_to_data
+from stable_baselines3.common.save_util import get_system_info
 
 __all__ = [
     "DATA_TENSORS",
     "FORMAT_VERSION",
+    "LEGACY_MODULES",
     "MARKER",
     "ModelFileError",
     "atomic_write",
@@ -67,6 +70,7 @@ __all__ = [
     "load_tensor_file",
     "model_path",
     "read_model_file",
+    "unpickle_legacy_data",
     "write_model_file",
 ]
 
@@ -680,13 +684,53 @@ def read_model_file(
         if any(not isinstance(t, torch.Tensor) for t in tensors.values()):
             raise ModelFileError(f"{name}: member {DATA_TENSORS} must hold only tensors")
     if pickled and allow_pickle:
-        # Opt-in, unsafe path for old files: SB3's own deserialization (cloudpickle).
-        legacy = json_to_data(json.dumps({k: raw[k] for k in pickled}), custom_objects=dict(custom_objects or {}))
+        # Opt-in, unsafe path for old files: unpickled as SB3 does, old module paths mapped to today's.
+        legacy = unpickle_legacy_data({k: raw[k] for k in pickled}, custom_objects)
         rest = decode({k: v for k, v in raw.items() if k not in pickled}, tensors, name, policy_aliases, custom_objects)
         data = {k: legacy[k] if k in pickled else rest[k] for k in raw if k in legacy or k in rest}
     else:
         data = decode(raw, tensors, name, policy_aliases, custom_objects)
     return data, params, variables
+
+
+#: modules of fedrl before its 0.1.0 layout, as files of SB3's pickle-based format name them → where
+#: their objects live now (the modules themselves are gone)
+LEGACY_MODULES: dict[str, str] = {
+    "fedrl_algos.attacks": "fedrl_algos.core.attacks",
+    "fedrl_algos.base": "fedrl_algos.common",
+    "fedrl_algos.per_fedavg": "fedrl_algos",
+    "fedrl_algos.fed_sb3": "fedrl_algos.fedavg_sb3",
+}
+
+
+class _LegacyUnpickler(pickle.Unpickler):
+    """Cloudpickle payloads (plain pickle streams) whose globals may name a module of :data:`LEGACY_MODULES`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class(LEGACY_MODULES.get(module, module), name)
+
+
+def unpickle_legacy_data(raw: Mapping[str, Any], custom_objects: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The attributes of SB3's pickle-based ``data`` (as SB3's ``json_to_data``: a ``custom_objects``
+    entry replaces the saved value; a payload that fails to unpickle is left out with a warning).
+    **Unpickling runs code from the file**: only for files the caller trusts (``allow_pickle=True``).
+
+    :param raw: attribute → its JSON value, ``{":serialized:": base64 cloudpickle}`` for a pickled one
+    :param custom_objects: attribute → object used instead of the saved value
+    """
+    custom = dict(custom_objects or {})
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in custom:
+            out[key] = custom[key]
+        elif isinstance(value, dict) and ":serialized:" in value:
+            try:
+                out[key] = _LegacyUnpickler(io.BytesIO(base64.b64decode(value[":serialized:"].encode()))).load()
+            except (RuntimeError, TypeError, AttributeError, ImportError, pickle.UnpicklingError) as err:
+                warnings.warn(f"could not unpickle the saved attribute {key!r}; pass it in custom_objects ({err})", stacklevel=3)
+        else:
+            out[key] = value
+    return out
 
 
 def _holds_pickle(value: Any) -> bool:

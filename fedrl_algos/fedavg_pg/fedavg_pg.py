@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
-from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
@@ -86,9 +85,6 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
         weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
         :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
-    :param deprecated_kwargs: ``beta`` (now ``step_size``), ``tau`` (now ``local_steps``) and
-        ``m_in``/``m_h``/``m_out`` (now their sum ``n_trajectories``; missing ones count 10, as
-        before), accepted with a ``DeprecationWarning`` for one release
 
     >>> from fedrl_algos import FedAvgPG
     >>> model = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.3, alpha=2.0, seed=0, device="cpu")
@@ -97,8 +93,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     300
     """
 
-    renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
-    renamed_attributes: ClassVar[dict[str, str]] = renamed_arguments
+    saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
     # Episodes that terminate (CartPole, the MFPO comparison's family) end a batch's rollout early.
     stop_rollouts_when_done: ClassVar[bool] = True
     _BATCH_PARTS: ClassVar[tuple[str, ...]] = ("m_in", "m_h", "m_out")
@@ -133,15 +128,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         normalize_observations: bool = False,
         discounting: str = "absolute",
         _init_setup_model: bool = True,
-        **deprecated_kwargs: Any,
     ) -> None:
-        parts = {k: deprecated_kwargs.pop(k) for k in self._BATCH_PARTS if k in deprecated_kwargs}
-        if parts:
-            renamed_arguments(type(self).__name__, {k: "n_trajectories" for k in self._BATCH_PARTS}, parts)
-            lows = {"m_in": 1, "m_h": 0, "m_out": 0}
-            n_trajectories = sum(check_int(k, parts.get(k, 10), lows[k]) for k in self._BATCH_PARTS)
-        renamed = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs)
-        step_size, local_steps = renamed.get("step_size", step_size), renamed.get("local_steps", local_steps)
         self.step_size = as_step_size(step_size)
         self.local_steps = check_int("local_steps", local_steps)
         self.n_trajectories = check_int("n_trajectories", n_trajectories)

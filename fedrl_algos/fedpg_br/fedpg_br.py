@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
-from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
@@ -89,8 +88,6 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
         weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
         :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
-    :param deprecated_kwargs: ``learning_rate`` (now ``step_size``), accepted with a
-        ``DeprecationWarning`` for one release
 
     >>> from fedrl_algos import FedPGBR
     >>> model = FedPGBR("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, batch_range=(4, 6),
@@ -100,9 +97,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     (3, 8)
     """
 
-    renamed_arguments: ClassVar[dict[str, str]] = {"learning_rate": "step_size"}
     # ``learning_rate`` is SB3's own attribute (unused here); η was saved as ``server_learning_rate``.
-    renamed_attributes: ClassVar[dict[str, str]] = {"server_learning_rate": "step_size"}
+    saved_attribute_renames: ClassVar[dict[str, str]] = {"server_learning_rate": "step_size"}
     stop_rollouts_when_done: ClassVar[bool] = True
     allows_new_agent_count: ClassVar[bool] = False
     obsolete_attributes: ClassVar[tuple[str, ...]] = ("beta", "tau", "alpha", "eval_adapt_trajectories", "agents_per_round")
@@ -138,9 +134,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         server_optimizer: str = "sgd",
         discounting: str = "absolute",
         _init_setup_model: bool = True,
-        **deprecated_kwargs: Any,
     ) -> None:
-        step_size = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs).get("step_size", step_size)
         self.step_size = check_step_size("step_size", step_size)
         if not (isinstance(batch_range, Sequence) and len(batch_range) == 2):
             raise ValueError(f"batch_range must be a pair (B_min, B_max), got {batch_range!r}")

@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
-from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.core.directions import PolicyGradient, check_step_size
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.policies import FlatPolicy
@@ -64,12 +63,9 @@ class IndependentPG(FederatedAlgorithm):
         Gymnasium env's ``max_episode_steps − 1``)
     :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
-    :param deprecated_kwargs: ``beta`` (now ``step_size``), ``m`` (now ``n_trajectories``) and
-        ``tau`` (now ``local_steps``), accepted with a ``DeprecationWarning`` for one release
     """
 
-    renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "m": "n_trajectories", "tau": "local_steps"}
-    renamed_attributes: ClassVar[dict[str, str]] = renamed_arguments
+    saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "m": "n_trajectories", "tau": "local_steps"}
     allows_new_agent_count: ClassVar[bool] = False
     obsolete_attributes: ClassVar[tuple[str, ...]] = ("alpha", "eval_adapt_trajectories", "agents_per_round")
 
@@ -92,12 +88,10 @@ class IndependentPG(FederatedAlgorithm):
         horizon: int | None = None,
         normalize_observations: bool = False,
         _init_setup_model: bool = True,
-        **deprecated_kwargs: Any,
     ) -> None:
-        renamed = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs)
-        self.step_size = check_step_size("step_size", renamed.get("step_size", step_size))
-        self.n_trajectories = check_int("n_trajectories", renamed.get("n_trajectories", n_trajectories))
-        self.local_steps = check_int("local_steps", renamed.get("local_steps", local_steps))
+        self.step_size = check_step_size("step_size", step_size)
+        self.n_trajectories = check_int("n_trajectories", n_trajectories)
+        self.local_steps = check_int("local_steps", local_steps)
         super().__init__(
             policy,
             env,

@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
-from fedrl_algos.common.deprecation import renamed_arguments
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
 from fedrl_algos.core.adaptation import check_adaptation_baseline
@@ -103,8 +102,6 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         on arc navigation, where it otherwise collapses (``docs/reproduction.md``). Needs
         ``variant="exact"`` and ``objective="paper"``. Saved with the model; files saved without it
         load as ``None``
-    :param deprecated_kwargs: ``beta`` (now ``step_size``) and ``tau`` (now ``local_steps``),
-        accepted with a ``DeprecationWarning`` for one release
 
     >>> from fedrl_algos import PerFedAvgPG
     >>> model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", alpha=2.0, step_size=0.3, seed=0, device="cpu")
@@ -113,8 +110,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     torch.Size([100])
     """
 
-    renamed_arguments: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
-    renamed_attributes: ClassVar[dict[str, str]] = renamed_arguments
+    saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
 
     def __init__(
         self,
@@ -148,10 +144,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         outer_baseline: str | None = None,
         curvature_clip: float | None = None,
         _init_setup_model: bool = True,
-        **deprecated_kwargs: Any,
     ) -> None:
-        renamed = renamed_arguments(type(self).__name__, self.renamed_arguments, deprecated_kwargs)
-        step_size, local_steps = renamed.get("step_size", step_size), renamed.get("local_steps", local_steps)
         if variant not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
         if objective not in _OBJECTIVES:

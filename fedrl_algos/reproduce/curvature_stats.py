@@ -6,7 +6,7 @@ sees the same batches) and returns, per estimator of :data:`~fedrl_algos.core.cu
 the mean of ``Ĥv`` over the batches, the total variance of one batch's estimate
 (``tr Cov[Ĥv]``) and, given the exact ``∇²J v``, per-coordinate z-scores, a Hotelling-type
 statistic and the relative bias. The command prints the tables of ``docs/algorithms/per_fedavg_pg.md``:
-the gridworld against exact dynamic programming (:class:`~fedrl_algos.exact.TabularEvaluator`) and
+the gridworld against exact dynamic programming (:class:`~fedrl_algos.core.exact.TabularEvaluator`) and
 arc navigation (paper's MLP) at the shared initialization. With ``--clips``
 (:func:`curvature_clip_stats`) it prints instead the bias, variance and mean squared error of the
 exact step with a clipped curvature term (``curvature_clip``) against the unclipped step.
@@ -103,7 +103,7 @@ def curvature_estimator_stats(
     :param seed: seed of the streams
     :param gamma: discount
     :param estimators: the estimators to summarize
-    :param exact: ``∇²J v [d]`` (e.g. :meth:`~fedrl_algos.exact.TabularEvaluator.hvps`) for the bias statistics
+    :param exact: ``∇²J v [d]`` (e.g. :meth:`~fedrl_algos.core.exact.TabularEvaluator.hvps`) for the bias statistics
     :param keep_samples: keep the per-batch estimates (for paired comparisons of the estimators)
     """
     m_h, n_batches = check_int("m_h", m_h), check_int("n_batches", n_batches, 2)
@@ -130,7 +130,7 @@ def curvature_estimator_stats(
 def _gridworld_rows(m_hs: Sequence[int], n_batches: int) -> list[dict[str, Any]]:
     import gymnasium as gym
 
-    from fedrl_algos.exact import TabularEvaluator
+    from fedrl_algos.core.exact import TabularEvaluator
     from fedrl_algos.policies import TabularPolicy
     from fedrl_envs import GRIDWORLD, stack_params
 

@@ -8,7 +8,7 @@ paper's tabular configuration (8-agent 5 × 5 gridworld, K = 80 rounds of τ = 5
 * ``r = n`` (full participation) and ``r = n/4`` agents sampled per round without replacement,
 * without and with SCAFFOLD's control variates (:mod:`fedrl_algos.core.control_variates`),
 
-and reports the exact F(θ^K) (:class:`~fedrl_algos.exact.TabularEvaluator`, every round), F at a
+and reports the exact F(θ^K) (:class:`~fedrl_algos.core.exact.TabularEvaluator`, every round), F at a
 matched total-trajectory budget, and the wall time per round. At ``r < n`` only the sampled agents
 are computed (:meth:`~fedrl_algos.core.federation.Federation.local_round`); the timing section also
 runs the previous masked path (every agent computed, the others masked out of the average) for
@@ -30,8 +30,8 @@ import torch
 from fedrl_algos.core.aggregation import aggregate_valid
 from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.directions import GradientEstimator, local_update
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.reproduce.common import (
     Experiment,

@@ -11,7 +11,7 @@
 Everything that can be batched is: a method's runs over all seeds — and, for ``alpha``, over all
 α values (one batch row per (α, seed), α a per-row tensor) — are one batched program
 (:class:`~fedrl_algos.core.federation.Federation`), and the exact evaluation of every round of
-every run is one call of :class:`~fedrl_algos.exact.TabularEvaluator` per method. Run ``r`` of a
+every run is one call of :class:`~fedrl_algos.core.exact.TabularEvaluator` per method. Run ``r`` of a
 method is seeded by its seed ``s``: its random streams are keyed by ``(s, agent)`` only, so a run
 trains to bitwise the same parameters alone or in any batch (and, for ``alpha``, the meta-methods'
 runs with the same seed share their random streams across α: common random numbers); its exact F
@@ -38,8 +38,8 @@ from typing import Any, Self
 import torch
 
 from fedrl_algos.core.directions import GradientEstimator, PolicyGradient
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels

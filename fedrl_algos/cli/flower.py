@@ -10,7 +10,7 @@ import json
 import pathlib
 from typing import Any
 
-from fedrl_algos._cli_args import positive_int
+from fedrl_algos.cli.args import positive_int
 
 __all__ = ["register"]
 

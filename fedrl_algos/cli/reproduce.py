@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedrl_algos._cli_args import positive_float, positive_int
+from fedrl_algos.cli.args import positive_float, positive_int
 from fedrl_algos.core.attacks import ATTACKS
 from fedrl_algos.core.curvature import CURVATURES, check_curvature_clip
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment

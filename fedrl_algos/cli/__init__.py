@@ -1,4 +1,9 @@
-"""The ``fedrl`` command line: ``fedrl envs``, ``fedrl demo``, ``fedrl bench``, ``fedrl reproduce``, ``fedrl flower``."""
+"""The ``fedrl`` command line: ``fedrl envs``, ``fedrl bench``, ``fedrl demo``, ``fedrl reproduce``, ``fedrl flower``.
+
+All of it lives in this package: one module per sub-command (its arguments and what it runs)
+and :mod:`.args`, the argument types and output helpers they share. The work itself is the
+library's (:mod:`fedrl_algos.reproduce`, :mod:`fedrl_algos.bench`, :mod:`fedrl_algos.flower`).
+"""
 
 from __future__ import annotations
 
@@ -10,52 +15,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from fedrl_algos import bench, flower_cli
-from fedrl_algos.reproduce import cli as reproduce_cli
-from fedrl_algos.reproduce import demo
-
-
-def _cmd_envs(args: argparse.Namespace) -> int:
-    import fedrl_envs
-
-    for env_id, family in fedrl_envs.FAMILIES.items():
-        train, heldout = family.train_tasks, family.heldout_tasks
-        one = train[0]
-        print(f"{env_id}  ({type(family).__name__})")
-        print(f"  observation: {family.observation_space(one)}  action: {family.action_space(one)}  horizon: {family.horizon(one)}")
-        print(f"  training tasks ({len(train)}):")
-        for k, task in enumerate(train):
-            print(f"    agent={k}: {family.describe_task(task)}")
-        if heldout:
-            print(f"  held-out tasks ({len(heldout)}):")
-            shown = heldout if args.all or len(heldout) <= 4 else heldout[:4]
-            for k, task in enumerate(shown):
-                print(f"    heldout[{k}]: {family.describe_task(task)}")
-            if len(shown) < len(heldout):
-                print(f"    ... {len(heldout) - len(shown)} more (fedrl envs --all)")
-    return 0
-
-
-def register_envs(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``fedrl envs`` to the ``fedrl`` parser."""
-    envs = subparsers.add_parser(
-        "envs",
-        help="list every registered task family with its tasks",
-        description="List every registered task family (its Gymnasium id, observation and action spaces, horizon), "
-        "its training tasks (agent=k of gym.make) and its held-out tasks.",
-    )
-    envs.add_argument("--all", action="store_true", help="list every held-out task (default: the first 4 of each family)")
-    envs.set_defaults(func=_cmd_envs)
-
+from fedrl_algos.cli import bench, demo, envs, flower, reproduce
 
 #: the sub-commands of ``fedrl``, in the order of ``fedrl --help``: each adds itself to the parser's
 #: sub-parsers. One explicit list, so that building the parser imports nothing for its side effects.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    register_envs,
+    envs.register,
     bench.register,
     demo.register,
-    reproduce_cli.register,
-    flower_cli.register,
+    reproduce.register,
+    flower.register,
 )
 
 
