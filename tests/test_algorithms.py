@@ -10,9 +10,10 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
 from fedrl_algos import FedAvgPG, IndependentPG, PerFedAvgPG
 from fedrl_algos.core import PolicyGradient, policy_gradient, rollout
 from fedrl_algos.core.aggregation import RejectedUpdateWarning
-from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.exact import TabularEvaluator
+from fedrl_algos.core.federation import Federation
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, stack_params
 
@@ -60,13 +61,13 @@ def test_class_equals_functional_core_and_batched_runs_equal_looped():
     batched = Federation(GRIDWORLD, params, policy, seeds)
     theta = torch.zeros(3, 100, dtype=torch.float64)
     for _ in range(2):
-        theta, _ = batched.round(theta, estimator, 0.3, 5)
+        theta, _ = per_fedavg_pg_round(batched, theta, estimator, 0.3, 5)
     assert torch.allclose(theta[0], model.theta, atol=1e-12, rtol=0)
     for r, seed in enumerate(seeds):
         alone = Federation(GRIDWORLD, params, policy, seed.reshape(1))
         th = torch.zeros(1, 100, dtype=torch.float64)
         for _ in range(2):
-            th, _ = alone.round(th, estimator, 0.3, 5)
+            th, _ = per_fedavg_pg_round(alone, th, estimator, 0.3, 5)
         assert torch.allclose(th[0], theta[r], atol=1e-12, rtol=0)
 
 
@@ -264,7 +265,7 @@ def test_gridworld_learning_order_matches_the_paper():
         fed = Federation(GRIDWORLD, params, policy, seeds)
         theta = torch.zeros(len(seeds), 100, dtype=torch.float64)
         for _ in range(80):
-            theta, _ = fed.round(theta, est, 0.3, 5)
+            theta, _ = per_fedavg_pg_round(fed, theta, est, 0.3, 5)
         finals[name] = float(evaluator.meta_objective(theta, 2.0)[0].mean())
     assert finals["exact"] > finals["first_order"] > finals["fedavg"] > 0.5
 
@@ -307,7 +308,7 @@ def test_partial_participation_averages_only_the_sampled_agents():
     estimator = FirstOrderMetaGradient(policy, 0.9, 2.0, 10, 10)
     fed = Federation(GRIDWORLD, params, policy, torch.tensor([2]))
     theta = torch.zeros(1, 100, dtype=torch.float64)
-    new, mask = fed.round(theta, estimator, 0.3, 2, agents_per_round=3)
+    new, mask = per_fedavg_pg_round(fed, theta, estimator, 0.3, 2, agents_per_round=3)
     # Replay the same round by hand: same streams, every agent's local update, mean over the mask.
     replay = Federation(GRIDWORLD, params, policy, torch.tensor([2]))
     again = replay.participation(3)

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from fedrl_algos.cli.args import PeakRSS, finish_bench, peak_rss, with_peak_rss
 from fedrl_algos.bench.memory import PATHS, memory_scaling, rollout_memory
 from fedrl_algos.cli import main
+from fedrl_algos.cli.args import PeakRSS, finish_bench, peak_rss, with_peak_rss
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedrl_algos import PerFedAvgPG
+from fedrl_algos.cli.reproduce import _estimator_list, _int_list
 from fedrl_algos.core import KernelSampler, Trajectories, hessian_vector_product, rollout
 from fedrl_algos.core.curvature import (
     CURVATURES,
@@ -24,7 +25,6 @@ from fedrl_algos.core.curvature import (
 from fedrl_algos.core.estimators import discounted_rewards_to_go
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
-from fedrl_algos.cli.reproduce import _estimator_list, _int_list
 from fedrl_algos.reproduce.curvature_stats import curvature_estimator_stats
 from fedrl_algos.reproduce.neural import CurvatureConfig, MetaSweep, arc_policy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params

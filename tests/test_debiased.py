@@ -18,10 +18,10 @@ from gymnasium import spaces
 
 from fedrl_algos.core.adaptation import adaptation_gradient, adaptation_weights, check_adaptation_baseline
 from fedrl_algos.core.estimators import policy_gradient
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.score_calculus import autograd_log_prob_hvp, log_likelihood_jvp, log_prob_hvp
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient, debiased_meta_gradient, score_term_baseline
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import GRIDWORLD, RandomStreams, derive_keys, stack_params

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedrl_algos.core import KernelSampler, Trajectories, policy_gradient, rollout
+from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.core.gpomdp import (
     ScoreFunctionGradient,
     gpomdp,
@@ -20,7 +21,6 @@ from fedrl_algos.core.gpomdp import (
     score_gradient,
     time_baseline,
 )
-from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.policies import MlpPolicy
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, GRIDWORLD, RandomStreams, derive_keys, index_params, stack_params
 

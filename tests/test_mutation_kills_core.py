@@ -55,6 +55,7 @@ from fedrl_algos.core.schedules import (
     as_step_size,
 )
 from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import CARTPOLE, GRIDWORLD, RandomStreams, derive_keys, stack_params
 from fedrl_envs.rng import mix64
@@ -1467,7 +1468,7 @@ def test_a_control_variate_round_with_no_local_step_is_refused_by_the_check():
     fed = _grid_fed((3,))
     control = ControlVariates.zeros(1, 8, 100, dtype=torch.float64)
     with pytest.raises(ValueError, match="sum to > 0"):
-        fed.round(_grid_theta(1), PolicyGradient(_grid_policy(), 0.9, 2), 0.1, 0, control=control)
+        per_fedavg_pg_round(fed, _grid_theta(1), PolicyGradient(_grid_policy(), 0.9, 2), 0.1, 0, control=control)
 
 
 def test_evaluate_is_the_mean_discounted_return_of_each_agent_from_the_evaluation_streams():

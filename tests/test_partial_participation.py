@@ -11,6 +11,7 @@ from fedrl_algos.core.aggregation import aggregate_valid
 from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import TabularPolicy
 from fedrl_envs import GRIDWORLD, stack_params
 
@@ -81,7 +82,7 @@ def test_the_first_partial_round_equals_the_previous_masked_round_bitwise():
     theta = _theta(3)
     new = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([0, 1, 2]))
     masked = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([0, 1, 2]))
-    result, mask = new.round(theta, estimator, 0.3, 2, agents_per_round=2)
+    result, mask = per_fedavg_pg_round(new, theta, estimator, 0.3, 2, agents_per_round=2)
     old_mask = masked.participation(2)
     old_local = local_update(estimator, masked.sampler, masked.broadcast(theta), 0.3, 2)
     old, _ = aggregate_valid(old_local, theta, old_mask)
@@ -97,7 +98,7 @@ def test_round_work_scales_with_the_sampled_agents():
     drawn = {}
     for r in (None, 2, 4):
         fed = Federation(GRIDWORLD, PARAMS, policy, torch.arange(4))
-        fed.round(_theta(4, torch.float32), estimator, 0.3, 2, agents_per_round=r)
+        per_fedavg_pg_round(fed, _theta(4, torch.float32), estimator, 0.3, 2, agents_per_round=r)
         drawn[r] = int(fed.streams.counters.sum())  # random words drawn: one per sampled step
     assert drawn[2] * 4 == drawn[None] and drawn[4] * 2 == drawn[None]
 
@@ -136,8 +137,8 @@ def test_control_variates_at_zero_with_one_local_step_are_the_plain_update():
     plain = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([4, 5]))
     scaffold = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([4, 5]))
     control = ControlVariates.zeros(2, 8, 100, torch.float64)
-    expected, mask = plain.round(theta, estimator, 0.3, 1, agents_per_round=3)
-    got, mask2 = scaffold.round(theta, estimator, 0.3, 1, agents_per_round=3, control=control)
+    expected, mask = per_fedavg_pg_round(plain, theta, estimator, 0.3, 1, agents_per_round=3)
+    got, mask2 = per_fedavg_pg_round(scaffold, theta, estimator, 0.3, 1, agents_per_round=3, control=control)
     assert torch.equal(got, expected) and torch.equal(mask, mask2)
     # option II from zero: c_i = (y_i − x)/β = the agent's own direction; c = (1/n) Σ_{i ∈ S} c_i
     replay = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([4, 5]))
@@ -157,7 +158,7 @@ def test_corrected_local_steps_follow_the_scaffold_equations():
     control = ControlVariates(agents_c.mean(1), agents_c.clone())
     fed = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([7]))
     beta, tau = 0.25, 3
-    new, mask = fed.round(theta, estimator, beta, tau, agents_per_round=2, control=control)
+    new, mask = per_fedavg_pg_round(fed, theta, estimator, beta, tau, agents_per_round=2, control=control)
     # by hand, on the same two agents from fresh streams
     replay = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([7]))
     agents = replay.sample_agents(2)
@@ -180,11 +181,11 @@ def test_control_variate_round_checks_its_inputs():
     fed = Federation(GRIDWORLD, PARAMS, policy, torch.tensor([0]))
     estimator = _estimators(policy)[2]
     with pytest.raises(ValueError, match="shapes"):
-        fed.round(_theta(1), estimator, 0.3, 1, control=ControlVariates.zeros(1, 7, 100, torch.float64))
+        per_fedavg_pg_round(fed, _theta(1), estimator, 0.3, 1, control=ControlVariates.zeros(1, 7, 100, torch.float64))
     with pytest.raises(ValueError, match="dtype"):
-        fed.round(_theta(1), estimator, 0.3, 1, control=ControlVariates.zeros(1, 8, 100, torch.float32))
+        per_fedavg_pg_round(fed, _theta(1), estimator, 0.3, 1, control=ControlVariates.zeros(1, 8, 100, torch.float32))
     with pytest.raises(ValueError, match="step_size"):
-        fed.round(_theta(1), estimator, 0.0, 1, control=ControlVariates.zeros(1, 8, 100, torch.float64))
+        per_fedavg_pg_round(fed, _theta(1), estimator, 0.0, 1, control=ControlVariates.zeros(1, 8, 100, torch.float64))
 
 
 def test_corrected_direction_adds_the_correction():
@@ -284,7 +285,7 @@ def test_scaffold_removes_client_drift_where_fedavg_does_not(agents_per_round):
         theta = torch.zeros(1, 5, dtype=torch.float64)
         control = ControlVariates.zeros(1, 8, 5, torch.float64) if cv else None
         for _ in range(400):
-            theta, _ = fed.round(theta, estimator, 0.2, 10, agents_per_round, control=control)
+            theta, _ = per_fedavg_pg_round(fed, theta, estimator, 0.2, 10, agents_per_round, control=control)
         finals[cv] = float((theta - best).norm())
     assert finals[True] < 1e-8
     assert finals[False] > 0.05

@@ -11,9 +11,10 @@ import torch
 from fedrl_algos.cli import main
 from fedrl_algos.core import KernelSampler, policy_gradient, reward_to_go_weights, rollout
 from fedrl_algos.core.estimators import autograd_hvp
-from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.exact import TabularEvaluator
+from fedrl_algos.core.federation import Federation
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.policies.tabular import tabulate
 from fedrl_algos.reproduce import EXPERIMENTS
@@ -118,12 +119,12 @@ def test_tensor_alpha_rows_equal_scalar_alpha_runs(cls):
     theta = torch.zeros(3, 100)
     estimator = make(torch.tensor(alphas).reshape(3, 1, 1))
     for _ in range(2):
-        theta, _ = batched.round(theta, estimator, 0.3, 3)
+        theta, _ = per_fedavg_pg_round(batched, theta, estimator, 0.3, 3)
     for r, (alpha, seed) in enumerate(zip(alphas, seeds)):
         alone = Federation(GRIDWORLD, params, policy, seed.reshape(1))
         th = torch.zeros(1, 100)
         for _ in range(2):
-            th, _ = alone.round(th, make(alpha), 0.3, 3)
+            th, _ = per_fedavg_pg_round(alone, th, make(alpha), 0.3, 3)
         assert torch.equal(th[0], theta[r])
     with pytest.raises(ValueError, match="alpha"):
         make(torch.tensor([-1.0]))

@@ -18,6 +18,7 @@ from fedrl_algos.cli.args import finish_bench, positive_int
 from fedrl_algos.core import KernelSampler, aggregate, local_update
 from fedrl_algos.core.federation import Federation, run_keys
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import MlpPolicy, TabularPolicy
 from fedrl_envs import ARC_NAVIGATION, GRIDWORLD, RandomStreams, index_params, stack_params
 
@@ -57,7 +58,7 @@ def _configs(dtype: torch.dtype, tau: int) -> dict[str, dict[str, Any]]:
 
 def _batched_round(cfg: dict[str, Any], seeds: torch.Tensor, theta: torch.Tensor, estimator: ExactMetaGradient, tau: int) -> torch.Tensor:
     fed = Federation(cfg["family"], stack_params(cfg["tasks"]), cfg["policy"], seeds)
-    return fed.round(theta, estimator, cfg["beta"], tau)[0]
+    return per_fedavg_pg_round(fed, theta, estimator, cfg["beta"], tau)[0]
 
 
 def _looped_round(cfg: dict[str, Any], seeds: torch.Tensor, theta: torch.Tensor, estimator: ExactMetaGradient, tau: int) -> torch.Tensor:

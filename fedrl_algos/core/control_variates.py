@@ -56,7 +56,7 @@ def server_control_update(server: torch.Tensor, agent: torch.Tensor, new_agent: 
 class ControlVariates:
     """The server's control ``c [R, d]`` and the agents' controls ``c_i [R, n, d]``.
 
-    The round functions (:meth:`~fedrl_algos.core.federation.Federation.round`,
+    The round functions (:func:`~fedrl_algos.per_fedavg_pg.update.per_fedavg_pg_round`,
     :func:`~fedrl_algos.fedavg_pg.update.fedavg_pg_round`) update it in place, as they advance the
     federation's random streams.
 

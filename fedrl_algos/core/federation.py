@@ -1,9 +1,12 @@
-"""One federation, batched over independent runs: state, rounds and adaptation.
+"""One federation, batched over independent runs: state, the shared broadcast/select step, and adaptation.
 
 A :class:`Federation` holds everything a run needs that is not a hyperparameter: the family, the
 agents' stacked task parameters, the flat policy, and the random streams of every ``(run, agent)``
 pair. Its methods are the batched programs the algorithm classes and the experiments share:
-``R`` runs of ``n`` agents are one tensor program with batch ``[R, n]``.
+``R`` runs of ``n`` agents are one tensor program with batch ``[R, n]``. Each algorithm's round
+lives in its own package (e.g. :func:`fedrl_algos.per_fedavg_pg.update.per_fedavg_pg_round`) and
+calls :meth:`Federation.local_round` for the step every averaging round shares: broadcast θ,
+select the round's agents, run their local loop.
 """
 
 from __future__ import annotations
@@ -15,9 +18,7 @@ from typing import Any
 import torch
 
 from fedrl_algos.core.adaptation import adaptation_gradient
-from fedrl_algos.core.aggregation import OnReject, UpdateCheck, aggregate_valid
-from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
-from fedrl_algos.core.directions import GradientEstimator, local_update
+from fedrl_algos.core.aggregation import UpdateCheck
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.sampling import KernelSampler
 from fedrl_algos.core.trajectories import Trajectories
@@ -25,7 +26,7 @@ from fedrl_envs.family import TaskFamily
 from fedrl_envs.params import index_params
 from fedrl_envs.rng import RandomStreams, derive_keys
 
-__all__ = ["Federation", "AgentSelection", "LocalSteps", "run_keys", "run_env_stream_ids", "adapt_with_sampler", "combine_seed"]
+__all__ = ["Federation", "AgentSelection", "LocalSteps", "participated", "run_keys", "run_env_stream_ids", "adapt_with_sampler", "combine_seed"]
 
 #: a local loop ``steps(sampler, start [R, k, d], gather) -> [R, k, d]`` run by :meth:`Federation.local_round`
 #: on the ``k`` computed agents of each run; ``gather`` maps a per-agent tensor ``[R, n, ...]`` to
@@ -286,61 +287,6 @@ class Federation:
         local = steps(chosen.sampler, chosen.broadcast(theta), chosen.gather)
         chosen.write_back()
         return chosen.scatter(local, self.broadcast(theta)), mask
-
-    def round(
-        self,
-        theta: torch.Tensor,
-        estimator: GradientEstimator,
-        beta: float,
-        tau: int,
-        agents_per_round: int | None = None,
-        on_reject: OnReject | None = None,
-        control: ControlVariates | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One communication round (Algorithm 1): broadcast, ``τ`` local steps, average.
-
-        The server averages only valid local parameters (:func:`~fedrl_algos.core.aggregation.aggregate_valid`:
-        finite, of θ's shape and dtype); a run with none keeps θ. With ``agents_per_round = r < n``
-        only the sampled agents are computed (:meth:`local_round`).
-
-        With ``control`` (SCAFFOLD, Karimireddy et al. 2020) each local step follows the corrected
-        direction ``∇̂F_i + c − c_i``, and the participating agents' ``c_i`` and the server's ``c``
-        are updated in place from the local progress (:meth:`~fedrl_algos.core.control_variates.ControlVariates.update`).
-
-        :param theta: server parameters ``[R, d]``
-        :param estimator: each agent's local direction
-        :param beta: local step size (> 0 with ``control``)
-        :param tau: local steps
-        :param agents_per_round: agents sampled per run (``None``: all)
-        :param on_reject: called with the :class:`~fedrl_algos.core.aggregation.UpdateCheck` when
-            an update is rejected (default: a ``RejectedUpdateWarning``)
-        :param control: control variates ``c [R, d]``, ``c_i [R, n, d]`` (``None``: none)
-
-        :return: the new server parameters ``[R, d]`` and the participation mask used
-        """
-        correction = None if control is None else control.correction()
-
-        def steps(sampler: Any, start: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-            direction = estimator if correction is None else CorrectedDirection(estimator, gather(correction))
-            return local_update(direction, sampler, start, beta, tau)
-
-        if control is not None:
-            control.check(theta, self.n_agents, beta * tau)
-        local, mask = self.local_round(theta, steps, agents_per_round, estimator.per_agent_state)
-        new, check = aggregate_valid(local, theta, mask, on_reject=on_reject)
-        if control is not None:
-            control.update(local, theta, beta * tau, participated(check, mask))
-        return new, mask
-
-    def independent_steps(self, theta: torch.Tensor, estimator: GradientEstimator, beta: float, steps: int) -> torch.Tensor:
-        """``steps`` local steps of every agent on its own parameters, no averaging.
-
-        :param theta: agents' parameters ``[R, n, d]``
-        :param estimator: the direction
-        :param beta: step size
-        :param steps: number of steps
-        """
-        return local_update(estimator, self.sampler, theta, beta, steps)
 
     def evaluate(self, theta: torch.Tensor, n_trajectories: int) -> torch.Tensor:
         """Monte Carlo discounted return of every agent ``[R, n]`` (evaluation streams).

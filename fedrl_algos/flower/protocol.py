@@ -32,6 +32,7 @@ from fedrl_algos.core.directions import local_update
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.optim import AdamState
 from fedrl_algos.fedavg_pg.update import fedavg_local_steps, fedavg_server_step, round_step_sizes
+from fedrl_algos.independent_pg import independent_pg_steps
 from fedrl_algos.mfpo.update import MFPOState
 from fedrl_envs.params import index_params, params_to
 from fedrl_envs.rng import RandomStreams
@@ -409,7 +410,7 @@ class IndependentProtocol(RoundProtocol):
     def _agent_update(self, worker, arrays, config, state) -> AgentReply:
         model = worker.model
         theta = _tensor(arrays, "theta", model.policy.theta).reshape(1, 1, -1)
-        local = worker.federation.independent_steps(theta, model.estimator, model.step_size, model.local_steps)
+        local = independent_pg_steps(worker.federation, theta, model.estimator, model.step_size, model.local_steps)
         return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(model.trajectories_per_round)})
 
     def server_update(self, replies, min_replies) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
-from fedrl_algos.core.directions import PolicyGradient, check_step_size
+from fedrl_algos.core.directions import PolicyGradient, check_step_size, local_update
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
@@ -28,10 +28,10 @@ def independent_pg_steps(
     :param federation: the batched federation (its agents' sampler)
     :param theta: every agent's parameters ``[R, n, d]``
     :param estimator: the policy-gradient estimate
-    :param step_size: β
-    :param local_steps: steps
+    :param step_size: β, the step size
+    :param local_steps: the steps
     """
-    return federation.independent_steps(theta, estimator, step_size, local_steps)
+    return local_update(estimator, federation.sampler, theta, step_size, local_steps)
 
 
 class IndependentPG(FederatedAlgorithm):

@@ -13,11 +13,14 @@ and :func:`per_fedavg_pg_round` is one communication round of Algorithm 1.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
-from fedrl_algos.core.aggregation import OnReject
-from fedrl_algos.core.control_variates import ControlVariates
+from fedrl_algos.core.aggregation import OnReject, aggregate_valid
+from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
 from fedrl_algos.core.curvature import (
     check_curvature,
     check_curvature_clip,
@@ -25,9 +28,9 @@ from fedrl_algos.core.curvature import (
     curvature_hvp,
     curvature_weights,
 )
-from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, scale
+from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, local_update, scale
 from fedrl_algos.core.estimators import hessian_vector_product
-from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.federation import Federation, participated
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.validation import check_int
 
@@ -188,13 +191,25 @@ def per_fedavg_pg_round(
     :param federation: the batched federation (its samplers and random streams)
     :param theta: server parameters ``[R, d]``
     :param estimator: the local direction ∇̂F_i (:class:`ExactMetaGradient` or :class:`FirstOrderMetaGradient`)
-    :param step_size: β
-    :param local_steps: τ
-    :param agents_per_round: agents sampled without replacement per run (``None``: all)
+    :param step_size: β, the local step size (> 0 with ``control``)
+    :param local_steps: τ, the local steps per round
+    :param agents_per_round: r, agents sampled without replacement per run (``None``: all)
     :param on_reject: called with the check of the agents' parameters when one is rejected (not
         finite, wrong shape or dtype; the server averages the others, and keeps θ when none is
         left); default: a :class:`~fedrl_algos.core.aggregation.RejectedUpdateWarning`
     :param control: SCAFFOLD's control variates ``c [R, d]``, ``c_i [R, n, d]`` (``None``: none)
     :return: the new server parameters ``[R, d]`` and the participation mask (``None``: all)
     """
-    return federation.round(theta, estimator, step_size, local_steps, agents_per_round, on_reject, control)
+    correction = None if control is None else control.correction()
+
+    def steps(sampler: Any, start: torch.Tensor, gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        direction = estimator if correction is None else CorrectedDirection(estimator, gather(correction))
+        return local_update(direction, sampler, start, step_size, local_steps)
+
+    if control is not None:
+        control.check(theta, federation.n_agents, step_size * local_steps)
+    local, mask = federation.local_round(theta, steps, agents_per_round, estimator.per_agent_state)
+    new, check = aggregate_valid(local, theta, mask, on_reject=on_reject)
+    if control is not None:
+        control.update(local, theta, step_size * local_steps, participated(check, mask))
+    return new, mask

@@ -32,6 +32,7 @@ from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.directions import GradientEstimator, local_update
 from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.core.federation import Federation
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.reproduce.common import (
     Experiment,
@@ -155,7 +156,7 @@ def train_partial(seeds: list[int], cfg: PartialConfig, device: str | torch.devi
         history, times = [theta], []
         for _ in range(cfg.rounds):
             start = time.perf_counter()
-            theta, _ = federation.round(theta, estimator, cfg.beta, cfg.tau, None if r == n else r, control=control)
+            theta, _ = per_fedavg_pg_round(federation, theta, estimator, cfg.beta, cfg.tau, None if r == n else r, control=control)
             times.append(time.perf_counter() - start)
             history.append(theta)
             if bar is not None:
@@ -196,7 +197,7 @@ def time_rounds(n_agents: int, n_runs: int, cfg: PartialConfig, device: str | to
             if path == "masked":
                 theta = _masked_round(federation, theta, estimator, cfg.beta, cfg.tau, r)
             else:
-                theta, _ = federation.round(theta, estimator, cfg.beta, cfg.tau, None if path == "full" else r)
+                theta, _ = per_fedavg_pg_round(federation, theta, estimator, cfg.beta, cfg.tau, None if path == "full" else r)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu

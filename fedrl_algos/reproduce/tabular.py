@@ -41,6 +41,7 @@ from fedrl_algos.core.directions import GradientEstimator, PolicyGradient
 from fedrl_algos.core.exact import TabularEvaluator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
+from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import TabularPolicy
 from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
 from fedrl_algos.reproduce.common import (
@@ -323,7 +324,7 @@ def _train_units(
     for k in range(cfg.rounds):
         for unit in units:
             federation, estimator, theta = runs[unit]
-            theta, _ = federation.round(theta, estimator, cfg.beta, cfg.tau)
+            theta, _ = per_fedavg_pg_round(federation, theta, estimator, cfg.beta, cfg.tau)
             runs[unit] = (federation, estimator, theta)
             histories[unit].append(theta)
             if bar is not None:
