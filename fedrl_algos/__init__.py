@@ -18,7 +18,18 @@ from fedrl_algos.mfpo import MFPO
 from fedrl_algos.per_fedavg_pg import PerFedAvgPG
 from fedrl_algos.policies import FastMlpPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 
+#: the library's algorithms by the name the command line gives them (``fedrl flower --algo NAME``)
+ALGORITHMS: dict[str, type] = {
+    "per_fedavg_pg": PerFedAvgPG,
+    "fedavg_pg": FedAvgPG,
+    "independent_pg": IndependentPG,
+    "mfpo": MFPO,
+    "fedpg_br": FedPGBR,
+    "fedavg_sb3": FedAvgSB3,
+}
+
 __all__ = [
+    "ALGORITHMS",
     "MFPO",
     "FastMlpPolicy",
     "FedAvgPG",

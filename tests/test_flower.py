@@ -171,7 +171,7 @@ def test_unsupported_federations_are_refused():
 
     from fedrl_algos import FedAvgSB3
 
-    with pytest.raises(TypeError, match="PerFedAvgPG"):
+    with pytest.raises(TypeError, match="FedAvgSB3 declares no round_protocol"):
         protocol_for(FedAvgSB3(PPO, "CartPole-v1", n_agents=2, seed=0, device="cpu"))
     colluding = FedPGBR("TabularPolicy", GRID, seed=0, device="cpu", byzantine_agents=[1], attack="fedscspg")
     with pytest.raises(ValueError, match="pools"):

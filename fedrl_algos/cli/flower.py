@@ -12,10 +12,14 @@ from typing import Any
 
 from fedrl_algos.cli.args import positive_int
 
-__all__ = ["register"]
+__all__ = ["register", "flower_algorithms"]
 
-#: ``--algo`` names → fedrl classes
-ALGORITHMS = {"per_fedavg_pg": "PerFedAvgPG", "fedavg_pg": "FedAvgPG", "independent_pg": "IndependentPG", "mfpo": "MFPO", "fedpg_br": "FedPGBR"}
+
+def flower_algorithms() -> dict[str, type]:
+    """``--algo`` names → the library's algorithms that run on Flower (those declaring a ``round_protocol``)."""
+    from fedrl_algos import ALGORITHMS
+
+    return {name: cls for name, cls in ALGORITHMS.items() if getattr(cls, "round_protocol", None) is not None}
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -29,15 +33,13 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _model_from_args(args: argparse.Namespace) -> Any:
-    import fedrl_algos
-
     if args.model is not None:
         from fedrl_algos.flower import load_model
 
         return load_model(args.model)
     if args.algo is None:
         raise SystemExit("fedrl flower: give --model PATH (a saved fedrl model) or --algo NAME to build one")
-    cls = getattr(fedrl_algos, ALGORITHMS[args.algo])
+    cls = flower_algorithms()[args.algo]
     return cls(args.policy, args.env, seed=args.seed, device="cpu", verbose=1 if getattr(args, "verbose", False) else 0, **args.kwargs)
 
 
@@ -106,7 +108,7 @@ def _n_agents(path: pathlib.Path) -> int:
 
 def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
     p.add_argument("--model", required=model_required, metavar="PATH", help="a saved fedrl model file (model.save)")
-    p.add_argument("--algo", choices=sorted(ALGORITHMS), help="build a new model of this algorithm instead of --model")
+    p.add_argument("--algo", choices=sorted(flower_algorithms()), help="build a new model of this algorithm instead of --model")
     p.add_argument("--env", default="fedrl/GridWorld-v0", help="with --algo: a fedrl task family id (default fedrl/GridWorld-v0)")
     p.add_argument("--policy", default="TabularPolicy", help="with --algo: TabularPolicy or MlpPolicy (default TabularPolicy)")
     p.add_argument("--seed", type=int, default=0, help="with --algo: the seed (default 0)")

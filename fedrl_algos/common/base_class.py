@@ -27,6 +27,7 @@ from stable_baselines3.common.utils import get_device, get_system_info
 from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
+from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.aggregation import UpdateCheck, warn_rejected
 from fedrl_algos.core.directions import check_step_size
@@ -97,6 +98,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     #: stop a batch's rollout once all its episodes have terminated (for families whose episodes
     #: end early, e.g. CartPole; the results are unchanged, see ``core.sampling.rollout``)
     stop_rollouts_when_done: ClassVar[bool] = False
+    #: the algorithm's round split into its agent and server sides
+    #: (:class:`~fedrl_algos.common.round_protocol.RoundProtocol`), which Flower runs; ``None``: it
+    #: trains in one process only. Subclasses inherit it; a new algorithm declares its own.
+    round_protocol: ClassVar[type[RoundProtocol] | None] = None
     #: attributes that files saved by earlier versions carry under an older name (renamed on load):
     #: old name → new name
     saved_attribute_renames: ClassVar[dict[str, str]] = {}

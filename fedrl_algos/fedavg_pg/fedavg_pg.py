@@ -15,12 +15,14 @@ import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
+from fedrl_algos.fedavg_pg.protocol import FedAvgPGProtocol
 from fedrl_algos.fedavg_pg.update import fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
@@ -93,6 +95,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     300
     """
 
+    round_protocol: ClassVar[type[RoundProtocol] | None] = FedAvgPGProtocol
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
     # Episodes that terminate (CartPole, the MFPO comparison's family) end a batch's rollout early.
     stop_rollouts_when_done: ClassVar[bool] = True

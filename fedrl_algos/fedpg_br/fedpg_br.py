@@ -14,11 +14,13 @@ import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
+from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import check_server_optimizer
+from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
@@ -97,6 +99,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     (3, 8)
     """
 
+    round_protocol: ClassVar[type[RoundProtocol] | None] = FedPGBRProtocol
     # ``learning_rate`` is SB3's own attribute (unused here); η was saved as ``server_learning_rate``.
     saved_attribute_renames: ClassVar[dict[str, str]] = {"server_learning_rate": "step_size"}
     stop_rollouts_when_done: ClassVar[bool] = True

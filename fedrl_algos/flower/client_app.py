@@ -2,7 +2,7 @@
 
 The SuperNode's node config names its agent (``partition-id``, Flower's convention, or ``agent``).
 A ``train`` message carries the server's arrays and config; the ClientApp runs its algorithm's agent
-side (:meth:`~fedrl_algos.flower.protocol.RoundProtocol.agent_round`) on that agent's slice of the
+side (:meth:`~fedrl_algos.common.round_protocol.RoundProtocol.agent_round`, the round its class's ``round_protocol`` declares) on that agent's slice of the
 federation and replies with arrays and metrics (``num-trajectories``, returns). What must outlive a
 round on the client (MFPO's θ^(t−1)) is kept in ``context.state``.
 
@@ -22,7 +22,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedrl_algos.flower.protocol import protocol_for
+from fedrl_algos.common.round_protocol import protocol_for
 from fedrl_algos.flower.task import agent_worker
 
 __all__ = ["app", "make_client_app", "agent_of", "STATE_KEY"]
@@ -59,11 +59,16 @@ def _save_state(context: Context, state: dict[str, Any]) -> None:
         context.state[STATE_KEY] = _array_record({k: np.asarray(v) for k, v in state.items()})
 
 
-def make_client_app(source: bytes | str | pathlib.Path | ModelSource, mods: Sequence[Callable] | None = None) -> ClientApp:
+def make_client_app(
+    source: bytes | str | pathlib.Path | ModelSource, mods: Sequence[Callable] | None = None, algorithm: type | None = None,
+) -> ClientApp:
     """A ClientApp for the model in ``source``.
 
     :param source: the model file's bytes or path, or a function of the ``Context`` returning one
     :param mods: Flower client mods wrapped around every call (e.g. for fault injection in tests)
+    :param algorithm: the model's class (default: the class that saved the file, among those defined
+        in the client's process); :func:`~fedrl_algos.flower.simulate` passes it, so that a class
+        defined in the caller's script or test travels to the simulation's workers with the app
     """
     resolve: ModelSource = source if callable(source) else (lambda context: source)
     app = ClientApp(mods=list(mods or []))
@@ -76,7 +81,7 @@ def make_client_app(source: bytes | str | pathlib.Path | ModelSource, mods: Sequ
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         """The agent's side of one round."""
-        worker = agent_worker(resolve(context), agent_of(context))
+        worker = agent_worker(resolve(context), agent_of(context), algorithm)
         protocol = protocol_for(worker.model)
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         state = _load_state(context)
@@ -88,7 +93,7 @@ def make_client_app(source: bytes | str | pathlib.Path | ModelSource, mods: Sequ
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         """Monte Carlo discounted return of the server's θ on this agent's task (evaluation streams)."""
-        worker = agent_worker(resolve(context), agent_of(context))
+        worker = agent_worker(resolve(context), agent_of(context), algorithm)
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         theta = torch.as_tensor(msg.content["arrays"]["theta"].numpy()).reshape(1, -1)
         n = int(config.get("num-trajectories", 32))

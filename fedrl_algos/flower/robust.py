@@ -4,7 +4,7 @@ FedPG-BR's filter, and the comparison of the two under the same attacks.
 The aggregators call Flower's functions (``select_multikrum``, ``trim_mean``, and FedMedian's
 coordinate-wise median) on the agents' reported gradients packed as Flower records, so what is
 compared is Flower's code, not a re-implementation. :func:`compare_robust_aggregators` runs
-FedPG-BR federations through the Flower round (:class:`~fedrl_algos.flower.protocol.FedPGBRProtocol`,
+FedPG-BR federations through the Flower round (:class:`~fedrl_algos.fedpg_br.protocol.FedPGBRProtocol`,
 the Strategy's code path, here without the messaging) with each aggregator and attack.
 """
 
@@ -91,7 +91,7 @@ def compare_robust_aggregators(
     :param progress: called with a line per finished run
     :return: one record per (attack, aggregator, seed): ``attack``, ``aggregator``, ``seed``, ``score``
     """
-    from fedrl_algos.flower.protocol import AgentWorker, FedPGBRProtocol, RoundReplies
+    from fedrl_algos.common.round_protocol import AgentWorker, RoundReplies, protocol_for
 
     records = []
     for attack in attacks:
@@ -99,7 +99,7 @@ def compare_robust_aggregators(
             for seed in seeds:
                 model = make_model(attack, seed)
                 aggregate = None if aggregator == "fedpg_br" else flower_aggregator(aggregator, num_malicious_nodes)
-                protocol = FedPGBRProtocol(model, aggregate=aggregate)
+                protocol = protocol_for(model, aggregate=aggregate)
                 workers = [AgentWorker(copy.deepcopy(model), a) for a in range(model.n_agents)]
                 for _ in range(rounds):
                     asked = protocol.participants()

@@ -1,9 +1,11 @@
-"""The ServerApp and the Strategies: each algorithm's server side on Flower.
+"""The ServerApp and its Strategy: each algorithm's server side on Flower.
 
 :class:`FederationStrategy` is a Flower :class:`~flwr.serverapp.strategy.Strategy` around one fedrl
 model: ``configure_train`` sends this round's agents the server's arrays (and their stream
-positions), ``aggregate_train`` checks the replies and runs the algorithm's server side
-(:mod:`fedrl_algos.flower.protocol`) on the model. One subclass per algorithm names what it runs.
+positions), ``aggregate_train`` checks the replies and runs the algorithm's server side on the
+model. What both sides do is the model's class's ``round_protocol``
+(:class:`~fedrl_algos.common.round_protocol.RoundProtocol`), so one Strategy serves every algorithm
+that declares one, a user's subclass or a new algorithm included.
 
 :func:`run_federation` trains a model over a :class:`~flwr.serverapp.Grid` through the model's own
 ``learn`` loop (SB3 logger, callbacks, progress bar, the same bookkeeping as in one process), with a
@@ -17,7 +19,7 @@ import logging
 import pathlib
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
@@ -25,16 +27,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 from stable_baselines3.common.callbacks import BaseCallback
 
-from fedrl_algos.flower.protocol import AgentReply, RoundProtocol, RoundReplies, protocol_for
+from fedrl_algos.common.round_protocol import AgentReply, RoundProtocol, RoundReplies, protocol_for
 from fedrl_algos.flower.task import load_model
 
 __all__ = [
     "FederationStrategy",
-    "PerFedAvgPGStrategy",
-    "FedAvgPGStrategy",
-    "IndependentPGStrategy",
-    "MFPOStrategy",
-    "FedPGBRStrategy",
     "strategy_for",
     "run_federation",
     "discover_agents",
@@ -68,19 +65,32 @@ class FederationStrategy(Strategy):
     :param min_train_nodes: fewer valid replies than this skip the round (the model unchanged);
         ``None``: 1
     :param eval_trajectories: rollouts per agent of the client-side evaluation (0: none)
+    :param protocol: the round by halves (default: the one the model's class declares, ``round_protocol``)
+    :param aggregator: a Flower strategy's robust aggregation in place of the algorithm's own, for
+        algorithms whose protocol accepts one (FedPG-BR: in place of its filter): ``"krum"``,
+        ``"multikrum"``, ``"fedmedian"``, ``"fedtrimmedavg"`` (:func:`~fedrl_algos.flower.robust.flower_aggregator`)
+    :param num_malicious_nodes: f of (Multi)Krum (default: the agents the protocol assumes faulty,
+        FedPG-BR's Byzantine agents)
     """
-
-    #: the algorithm classes this strategy serves
-    algorithms: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self, model: Any, agent_nodes: dict[int, int], min_train_nodes: int | None = None, eval_trajectories: int = 0,
-        protocol: RoundProtocol | None = None,
+        protocol: RoundProtocol | None = None, aggregator: str | None = None, num_malicious_nodes: int | None = None,
     ) -> None:
-        if self.algorithms and type(model).__name__ not in self.algorithms:
-            raise TypeError(f"{type(self).__name__} serves {', '.join(self.algorithms)}, got {type(model).__name__}")
         self.model = model
-        self.protocol: RoundProtocol = protocol if protocol is not None else protocol_for(model)
+        if protocol is None:
+            options = {}
+            if aggregator is not None:
+                from fedrl_algos.flower.robust import flower_aggregator
+
+                declared = getattr(type(model), "round_protocol", None)
+                faulty = declared.assumed_faulty_agents(model) if declared is not None else 0
+                f = faulty if num_malicious_nodes is None else _check_count("num_malicious_nodes", num_malicious_nodes)
+                options["aggregate"] = flower_aggregator(aggregator, f)
+            protocol = protocol_for(model, **options)
+        elif aggregator is not None:
+            raise ValueError("give aggregator or protocol, not both (the protocol holds its own aggregation)")
+        self.protocol: RoundProtocol = protocol
         n = int(model.n_agents)
         missing = sorted(set(range(n)) - set(agent_nodes))
         if missing:
@@ -167,64 +177,14 @@ class FederationStrategy(Strategy):
         return MetricRecord({"return": float(np.mean(values)), "num-agents": len(values)}) if values else None
 
 
-class PerFedAvgPGStrategy(FederationStrategy):
-    """Per-FedAvg-PG (Algorithm 1): agents take τ meta-policy-gradient steps; the server averages θ
-    (client sampling by the model's ``agents_per_round``)."""
-
-    algorithms = ("PerFedAvgPG",)
-
-
-class FedAvgPGStrategy(FederationStrategy):
-    """FedAvg-PG: agents take K local policy-gradient steps; the server averages (or takes its Adam step)."""
-
-    algorithms = ("FedAvgPG",)
-
-
-class IndependentPGStrategy(FederationStrategy):
-    """Independent PG: each agent trains its own parameters; the server only stores them."""
-
-    algorithms = ("IndependentPG",)
-
-
-class MFPOStrategy(FederationStrategy):
-    """MFPO: agents run K − 1 momentum steps and the K-th direction; the server averages
-    parameters and directions and steps (eq. 6–8)."""
-
-    algorithms = ("MFPO",)
-
-
-class FedPGBRStrategy(FederationStrategy):
-    """FedPG-BR: agents report gradients and spreads; the server filters Byzantine reports and runs
-    the SCSG loop on its own environment.
-
-    :param aggregator: ``None`` (FedPG-BR's filter) or a Flower strategy's robust aggregation in its
-        place: ``"krum"``, ``"multikrum"``, ``"fedmedian"``, ``"fedtrimmedavg"``
-        (:func:`~fedrl_algos.flower.robust.flower_aggregator`)
-    :param num_malicious_nodes: f of (Multi)Krum (default: the model's Byzantine agents)
-    """
-
-    algorithms = ("FedPGBR",)
-
-    def __init__(self, model: Any, agent_nodes: dict[int, int], aggregator: str | None = None, num_malicious_nodes: int | None = None,
-                 **kwargs: Any) -> None:
-        from fedrl_algos.flower.protocol import FedPGBRProtocol
-        from fedrl_algos.flower.robust import flower_aggregator
-
-        f = len(model.byzantine_agents) if num_malicious_nodes is None else _check_count("num_malicious_nodes", num_malicious_nodes)
-        aggregate = None if aggregator is None else flower_aggregator(aggregator, f)
-        super().__init__(model, agent_nodes, protocol=FedPGBRProtocol(model, aggregate), **kwargs)
-
-
-_STRATEGIES = (PerFedAvgPGStrategy, FedAvgPGStrategy, IndependentPGStrategy, MFPOStrategy, FedPGBRStrategy)
-
-
 def strategy_for(model: Any, agent_nodes: dict[int, int], **kwargs: Any) -> FederationStrategy:
-    """The Strategy of ``model``'s algorithm (keyword arguments: :class:`FederationStrategy`'s)."""
-    for strategy in _STRATEGIES:
-        if type(model).__name__ in strategy.algorithms:
-            return strategy(model, agent_nodes, **kwargs)
-    protocol_for(model)  # raises the TypeError naming the supported classes
-    raise AssertionError("unreachable")
+    """The Strategy of ``model``: a :class:`FederationStrategy` running its class's ``round_protocol``.
+
+    :param model: the server's model
+    :param agent_nodes: the SuperNode of every agent
+    :param kwargs: :class:`FederationStrategy`'s keyword arguments
+    """
+    return FederationStrategy(model, agent_nodes, **kwargs)
 
 
 def _apply_fraction_train(model: Any, fraction_train: Any, min_train_nodes: int | None) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedrl_algos.common.round_protocol import protocol_for
 from fedrl_algos.flower.client_app import make_client_app
-from fedrl_algos.flower.protocol import protocol_for
 from fedrl_algos.flower.server_app import _check_count, run_federation
 from fedrl_algos.flower.task import model_to_bytes
 
@@ -60,8 +60,9 @@ def simulate(
     >>> model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu")
     >>> model = simulate(model, num_rounds=2)  # doctest: +SKIP
 
-    :param model: a PerFedAvgPG, FedAvgPG, IndependentPG, MFPO or FedPGBR model (of a fedrl task
-        family, or of a Gymnasium id with sync vectorization); it is trained in place and returned,
+    :param model: a model whose class declares a ``round_protocol`` (PerFedAvgPG, FedAvgPG,
+        IndependentPG, MFPO, FedPGBR, their subclasses, a new algorithm; of a fedrl task family, or
+        of a Gymnasium id with sync vectorization); it is trained in place and returned,
         except when ``checkpoint_path`` holds a checkpoint: then the loaded checkpoint is trained on
     :param num_rounds: communication rounds (in total, when resuming a checkpoint)
     :param num_supernodes: virtual SuperNodes; must equal the model's agents (default)
@@ -75,8 +76,8 @@ def simulate(
     :param client_mods: Flower client mods around every ClientApp call
     :param verbose: Flower's and Ray's own logs
     :param round_stats: a list receiving one dict per round (see :func:`~fedrl_algos.flower.run_federation`)
-    :param strategy_kwargs: more keyword arguments of the algorithm's Strategy (FedPG-BR: ``aggregator``,
-        ``num_malicious_nodes``; see :class:`~fedrl_algos.flower.FedPGBRStrategy`)
+    :param strategy_kwargs: more keyword arguments of the Strategy (FedPG-BR: ``aggregator``,
+        ``num_malicious_nodes``; see :class:`~fedrl_algos.flower.FederationStrategy`)
     :param fraction_train: Flower's client sampling: ``max(int(fraction_train · n), min_train_nodes)``
         agents per round (sets the model's ``agents_per_round``; see :func:`~fedrl_algos.flower.run_federation`)
     :return: the trained model
@@ -109,7 +110,7 @@ def simulate(
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
 
-    client = make_client_app(model_bytes, mods=client_mods)
+    client = make_client_app(model_bytes, mods=client_mods, algorithm=type(model))
     config = copy.deepcopy(backend_config) if backend_config is not None else default_backend_config()
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level

@@ -16,22 +16,29 @@ import zipfile
 from collections import OrderedDict
 from typing import Any
 
-from fedrl_algos.common.model_file import MARKER, ModelFileError
-from fedrl_algos.flower.protocol import SUPPORTED_ALGORITHMS, AgentWorker
+from fedrl_algos.common.base_class import FederatedAlgorithm
+from fedrl_algos.common.model_file import MARKER, ModelFileError, class_path, find_loaded_subclass
+from fedrl_algos.common.round_protocol import AgentWorker
 
 __all__ = ["algorithm_classes", "model_to_bytes", "load_model", "agent_worker"]
 
 #: workers kept per client process (one per (model, agent) pair it has served)
 _WORKER_CACHE_SIZE = 64
-_workers: OrderedDict[tuple[str, int], AgentWorker] = OrderedDict()
+_workers: OrderedDict[tuple[str, int, type | None], AgentWorker] = OrderedDict()
 
 
 def algorithm_classes() -> dict[str, type]:
-    """The fedrl algorithm classes that run on Flower, by class name."""
-    from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
-
-    classes = {c.__name__: c for c in (PerFedAvgPG, FedAvgPG, IndependentPG, MFPO, FedPGBR)}
-    return {name: classes[name] for name in SUPPORTED_ALGORITHMS}
+    """The algorithm classes that run on Flower: every :class:`~fedrl_algos.common.FederatedAlgorithm`
+    subclass defined in this process whose ``round_protocol`` is set (a user's subclass or new
+    algorithm included, once its module is imported), by class path ``"module:qualname"``."""
+    found: dict[str, type] = {}
+    todo = [FederatedAlgorithm]
+    while todo:
+        cls = todo.pop()
+        if cls.round_protocol is not None:
+            found[class_path(cls)] = cls
+        todo.extend(cls.__subclasses__())
+    return dict(sorted(found.items()))
 
 
 def model_to_bytes(model: Any) -> bytes:
@@ -47,18 +54,24 @@ def _saved_class(data: bytes, name: str) -> type:
             marker = json.loads(archive.read(MARKER).decode())
     except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelFileError(f"{name}: not a fedrl model file ({type(err).__name__}: {err})") from None
-    short = str(marker.get("class", "")).rpartition(":")[2].rpartition(".")[2]
-    classes = algorithm_classes()
-    if short not in classes:
-        raise ModelFileError(f"{name}: saved by {short or 'an unknown class'}; Flower runs {', '.join(classes)}")
-    return classes[short]
+    saved = str(marker.get("class", ""))
+    cls = find_loaded_subclass(FederatedAlgorithm, saved)
+    if cls is None or cls.round_protocol is None:
+        # Only classes already defined in this process are candidates: a file never makes us import code.
+        short = saved.rpartition(":")[2] or "an unknown class"
+        known = ", ".join(path.rpartition(":")[2] for path in algorithm_classes())
+        why = "declares no round_protocol" if cls is not None else "is not defined in this process (import its module first)"
+        raise ModelFileError(f"{name}: saved by {short} ({saved}), which {why}; Flower runs {known}")
+    return cls
 
 
-def load_model(source: bytes | str | pathlib.Path, device: str = "cpu") -> Any:
-    """A model from its file's bytes or path, of whichever supported class saved it.
+def load_model(source: bytes | str | pathlib.Path, device: str = "cpu", algorithm: type | None = None) -> Any:
+    """A model from its file's bytes or path, of whichever class that runs on Flower saved it.
 
     :param source: the bytes of a model file, or its path
     :param device: torch device of the loaded model
+    :param algorithm: the class to load it with (default: the class that saved it, found among the
+        classes defined in this process, :func:`algorithm_classes`)
     """
     if isinstance(source, str | pathlib.Path):
         path = pathlib.Path(source)
@@ -69,20 +82,21 @@ def load_model(source: bytes | str | pathlib.Path, device: str = "cpu") -> Any:
         data, name = bytes(source), "<model bytes>"
     else:
         raise TypeError(f"source must be a model file's bytes or path, got {type(source).__name__}")
-    return _saved_class(data, name).load(io.BytesIO(data), device=device)
+    cls = _saved_class(data, name) if algorithm is None else algorithm
+    return cls.load(io.BytesIO(data), device=device)
 
 
-def agent_worker(source: bytes | str | pathlib.Path, agent: int) -> AgentWorker:
-    """The (cached) worker of ``agent`` for the model in ``source``.
+def agent_worker(source: bytes | str | pathlib.Path, agent: int, algorithm: type | None = None) -> AgentWorker:
+    """The (cached) worker of ``agent`` for the model in ``source`` (loaded as :func:`load_model` does).
 
     The cache holds only what the file determines (hyperparameters, policy, the agent's task and
     stream keys); everything that changes from round to round arrives with the messages.
     """
     data = pathlib.Path(source).read_bytes() if isinstance(source, str | pathlib.Path) else bytes(source)
-    key = (hashlib.sha256(data).hexdigest(), int(agent))
+    key = (hashlib.sha256(data).hexdigest(), int(agent), algorithm)
     worker = _workers.get(key)
     if worker is None:
-        worker = AgentWorker(load_model(data), int(agent))
+        worker = AgentWorker(load_model(data, algorithm=algorithm), int(agent))
         _workers[key] = worker
         while len(_workers) > _WORKER_CACHE_SIZE:
             _workers.popitem(last=False)

@@ -11,27 +11,14 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
-from fedrl_algos.core.directions import PolicyGradient, check_step_size, local_update
-from fedrl_algos.core.federation import Federation
+from fedrl_algos.common.round_protocol import RoundProtocol
+from fedrl_algos.core.directions import PolicyGradient, check_step_size
+from fedrl_algos.independent_pg.protocol import IndependentPGProtocol
+from fedrl_algos.independent_pg.update import independent_pg_steps
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
 
-__all__ = ["IndependentPG", "independent_pg_steps"]
-
-
-def independent_pg_steps(
-    federation: Federation, theta: torch.Tensor, estimator: PolicyGradient, step_size: float, local_steps: int
-) -> torch.Tensor:
-    """``local_steps`` policy-gradient steps ``θ_i ← θ_i + β ĝ_i(θ_i)`` of every agent on its own
-    parameters ``[R, n, d]``, with no communication (ĝ: the eq. (2) estimate of the Per-FedAvg-PG paper).
-
-    :param federation: the batched federation (its agents' sampler)
-    :param theta: every agent's parameters ``[R, n, d]``
-    :param estimator: the policy-gradient estimate
-    :param step_size: β, the step size
-    :param local_steps: the steps
-    """
-    return local_update(estimator, federation.sampler, theta, step_size, local_steps)
+__all__ = ["IndependentPG"]
 
 
 class IndependentPG(FederatedAlgorithm):
@@ -65,6 +52,7 @@ class IndependentPG(FederatedAlgorithm):
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
     """
 
+    round_protocol: ClassVar[type[RoundProtocol] | None] = IndependentPGProtocol
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "m": "n_trajectories", "tau": "local_steps"}
     allows_new_agent_count: ClassVar[bool] = False
     obsolete_attributes: ClassVar[tuple[str, ...]] = ("alpha", "eval_adapt_trajectories", "agents_per_round")

@@ -14,9 +14,11 @@ import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
+from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
+from fedrl_algos.mfpo.protocol import MFPOProtocol
 from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
@@ -97,6 +99,7 @@ class MFPO(FederatedAlgorithm):
     (4, 20)
     """
 
+    round_protocol: ClassVar[type[RoundProtocol] | None] = MFPOProtocol
     stop_rollouts_when_done: ClassVar[bool] = True
     allows_new_agent_count: ClassVar[bool] = False
     obsolete_attributes: ClassVar[tuple[str, ...]] = ("beta", "tau", "alpha", "eval_adapt_trajectories", "agents_per_round")

@@ -13,11 +13,13 @@ import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.evaluation import personalization_metrics
+from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
 from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.curvature import check_curvature, check_curvature_clip
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
+from fedrl_algos.per_fedavg_pg.protocol import PerFedAvgPGProtocol
 from fedrl_algos.per_fedavg_pg.update import ExactMetaGradient, FirstOrderMetaGradient, per_fedavg_pg_round
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
@@ -110,6 +112,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     torch.Size([100])
     """
 
+    round_protocol: ClassVar[type[RoundProtocol] | None] = PerFedAvgPGProtocol
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
 
     def __init__(

@@ -1,19 +1,20 @@
-"""Each algorithm's round split into its agent side and its server side, for Flower.
+"""An algorithm's round split into its agent side and its server side (no Flower here).
 
-A :class:`RoundProtocol` says, for one fedrl algorithm, what the server sends each agent, what the
-agent computes from it (one Flower ClientApp's work on one SuperNode), and how the server turns the
-replies into the next model. Both halves call the same functions as the in-process round —
-``local_update`` and ``aggregate_valid`` (Per-FedAvg-PG, FedAvg-PG), independent steps
-(independent PG), :meth:`~fedrl_algos.mfpo.update.MFPOUpdate.agent_phase` and
-:meth:`~fedrl_algos.mfpo.update.MFPOUpdate.global_phase` (MFPO),
-:meth:`~fedrl_algos.fedpg_br.update.FedPGBRUpdate.agent_gradients` and
-:meth:`~fedrl_algos.fedpg_br.update.FedPGBRUpdate.server_phase` (FedPG-BR) — on one agent's slice
-of the federation (:func:`agent_federation`) and on the stacked replies.
+A :class:`RoundProtocol` says, for one algorithm, what the server sends each agent, what the agent
+computes from it (a Flower ClientApp's work on one SuperNode, or any other transport's), and how
+the server turns the replies into the next model. Each algorithm package defines its protocol next
+to its update (``<algorithm>/protocol.py``) and names it on its class (``round_protocol``); a
+subclass inherits it, and a new algorithm runs on Flower by declaring one. Both halves call the
+same functions as the in-process round, on one agent's slice of the federation
+(:func:`agent_federation`) and on the stacked replies (:func:`stack_replies`).
 
 Random numbers: agent ``i``'s streams are keyed by ``(seed, i)`` as in one process; the server keeps
 every stream's position (counter) and sends it with each message, and the agent returns it
 advanced. A client therefore needs no state to draw the right numbers, a restarted server resumes
-exactly, and a Flower round equals the in-process round bit for bit on CPU.
+exactly, and a round by halves equals the in-process round bit for bit on CPU.
+
+:class:`AveragingProtocol` is the round every FedAvg-style algorithm shares (local steps from the
+server's θ, the average of the valid local parameters); an algorithm fills in its local steps.
 """
 
 from __future__ import annotations
@@ -27,13 +28,7 @@ import numpy as np
 import torch
 
 from fedrl_algos.core.aggregation import UpdateCheck, aggregate_valid
-from fedrl_algos.core.attacks import attack_streams
-from fedrl_algos.core.directions import local_update
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.optim import AdamState
-from fedrl_algos.fedavg_pg.update import fedavg_local_steps, fedavg_server_step, round_step_sizes
-from fedrl_algos.independent_pg import independent_pg_steps
-from fedrl_algos.mfpo.update import MFPOState
 from fedrl_envs.params import index_params, params_to
 from fedrl_envs.rng import RandomStreams
 from fedrl_wrappers import FederatedVecEnv
@@ -43,11 +38,14 @@ __all__ = [
     "RoundReplies",
     "AgentWorker",
     "RoundProtocol",
+    "AveragingProtocol",
     "agent_federation",
     "env_random_state",
     "set_env_random_state",
+    "message_tensor",
+    "stack_replies",
+    "merge_checks",
     "protocol_for",
-    "SUPPORTED_ALGORITHMS",
 ]
 
 
@@ -163,7 +161,8 @@ def _set_counters(streams: RandomStreams, value: np.ndarray) -> None:
     streams.counters = counters.reshape(streams.counters.shape).clone()
 
 
-def _tensor(arrays: dict[str, np.ndarray], name: str, like: torch.Tensor) -> torch.Tensor:
+def message_tensor(arrays: dict[str, np.ndarray], name: str, like: torch.Tensor) -> torch.Tensor:
+    """The message's array ``name`` as a tensor on ``like``'s device (``ValueError`` when it is missing)."""
     if name not in arrays:
         raise ValueError(f"message lacks the array {name!r}")
     return torch.as_tensor(np.ascontiguousarray(arrays[name])).to(device=like.device)
@@ -183,7 +182,7 @@ class RoundReplies:
     failures: dict[int, str] = field(default_factory=dict)
 
 
-def _stack_replies(
+def stack_replies(
     round_: RoundReplies, name: str, n: int, like: torch.Tensor, extra_shape: tuple[int, ...]
 ) -> tuple[torch.Tensor, UpdateCheck]:
     """The agents' arrays ``name`` as ``[1, n, *extra_shape]`` in agent order, and which are usable.
@@ -219,19 +218,25 @@ def _stack_replies(
     return out, UpdateCheck(valid, tuple(reasons))
 
 
-def _merge(a: UpdateCheck, b: UpdateCheck) -> UpdateCheck:
+def merge_checks(a: UpdateCheck, b: UpdateCheck) -> UpdateCheck:
     """Both checks at once, each reason once (a missing reply fails every array of it)."""
     return UpdateCheck(a.valid & b.valid, tuple(dict.fromkeys(a.reasons + b.reasons)))
 
 
 class RoundProtocol(ABC):
-    """One algorithm's round on Flower (see the module docstring).
+    """One algorithm's round by halves (see the module docstring).
 
     :param model: the server's model (the whole federation); the agent side receives its own copy
     """
 
-    #: the algorithm classes this protocol runs (by class name)
-    algorithms: ClassVar[tuple[str, ...]] = ()
+    #: whether the server's aggregation may be replaced by a robust one (``aggregate=``, e.g. one
+    #: of Flower's Krum/median strategies); protocols that take it accept ``aggregate`` in ``__init__``
+    accepts_aggregate: ClassVar[bool] = False
+
+    @classmethod
+    def assumed_faulty_agents(cls, model: Any) -> int:
+        """How many of ``model``'s agents a robust aggregation should assume faulty (f of Krum; default 0)."""
+        return 0
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -341,10 +346,15 @@ class RoundProtocol(ABC):
 
 
 class AveragingProtocol(RoundProtocol):
-    """Per-FedAvg-PG and FedAvg-PG: local steps from the server's θ, then the average of the valid
-    local parameters (FedAvg-PG optionally with its server Adam step)."""
+    """A FedAvg-style round: this round's agents take local steps from the server's θ and return
+    their local parameters; the server averages the valid ones
+    (:func:`~fedrl_algos.core.aggregation.aggregate_valid`) and takes its step (:meth:`server_step`,
+    by default θ ← the average). Client sampling follows the model's ``agents_per_round`` with the
+    in-process round's draw, so that it picks the same agents.
 
-    algorithms = ("PerFedAvgPG", "FedAvgPG")
+    A subclass says what the local steps are (:meth:`local_steps`) and, optionally, what else the
+    agents need (:meth:`round_config`) and how the server steps from the average.
+    """
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -355,240 +365,72 @@ class AveragingProtocol(RoundProtocol):
                              "(masked), on Flower only the sampled agents' would; train it with all agents on Flower")
         self._mask: torch.Tensor | None = None
 
+    @abstractmethod
+    def local_steps(self, worker: AgentWorker, theta: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
+        """The agent's local parameters ``[1, 1, d]`` after its local steps from the server's ``theta [1, 1, d]``.
+
+        :param worker: the agent (its model's hyperparameters, its slice of the federation)
+        :param theta: the server's parameters
+        :param config: the round's config (:meth:`round_config`)
+        """
+
+    def round_config(self) -> dict[str, Any]:
+        """What the agents need besides θ this round (plain numbers; default: nothing)."""
+        return {}
+
+    def server_step(self, theta: torch.Tensor, average: torch.Tensor, check: UpdateCheck) -> torch.Tensor:
+        """The server's new parameters ``[1, d]`` from the average of the valid local ones (default: the average).
+
+        :param theta: the server's parameters before the round ``[1, d]``
+        :param average: the average ``[1, d]``
+        :param check: which agents' parameters were valid
+        """
+        return average
+
     def participants(self) -> list[int]:
-        # The in-process round's draw (Federation.sample_agents), so that client sampling picks the same agents.
         self._mask = self.model.federation.participation(self.model.__dict__.get("agents_per_round"))
         if self._mask is None:
             return list(range(int(self.model.n_agents)))
         return [int(i) for i in self._mask[0].nonzero().reshape(-1).tolist()]
 
     def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        config = {"local-step": int(self.model.__dict__.get("local_step", 0))}
-        return {"theta": self._theta_message(self.model.policy.theta)}, config
+        return {"theta": self._theta_message(self.model.policy.theta)}, self.round_config()
 
-    def _agent_update(self, worker, arrays, config, state) -> AgentReply:
-        model = worker.model
-        theta = _tensor(arrays, "theta", model.policy.theta).reshape(1, 1, -1)
-        if type(model).__name__ == "FedAvgPG":
-            sizes, _ = round_step_sizes(model.step_size, int(config["local-step"]), model.local_steps)
-            local = fedavg_local_steps(model.estimator, worker.federation.sampler, theta, sizes)
-        else:
-            local = local_update(model.estimator, worker.federation.sampler, theta, model.step_size, model.local_steps)
-        return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(model.trajectories_per_round)})
+    def _agent_update(self, worker: AgentWorker, arrays: dict[str, np.ndarray], config: dict[str, Any], state: dict[str, Any]) -> AgentReply:
+        theta = message_tensor(arrays, "theta", worker.model.policy.theta).reshape(1, 1, -1)
+        local = self.local_steps(worker, theta, config)
+        return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(worker.model.trajectories_per_round)})
 
-    def server_update(self, replies, min_replies) -> dict[str, Any]:
+    def server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
         model = self.model
         theta = model.policy.theta.detach().unsqueeze(0)
-        n = int(model.n_agents)
-        local, check = _stack_replies(replies, "theta", n, theta, (theta.shape[-1],))
+        local, check = stack_replies(replies, "theta", int(model.n_agents), theta, (theta.shape[-1],))
         if not self._enough(check, min_replies):
             return self._skip(check, min_replies)
         present = torch.zeros_like(check.valid)
         present[0, sorted(replies.asked)] = True
         # Agents that were not asked (client sampling) count with weight 0, as in the in-process
         # masked round; asked agents that failed are rejected with their reasons.
-        weights = self._mask
         check = UpdateCheck(check.valid | ~present, check.reasons)
-        average, check = aggregate_valid(local, theta, weights, check=check, on_reject=self._reject)
-        if type(model).__name__ == "FedAvgPG":
-            _, step_sum = round_step_sizes(model.step_size, model.local_step, model.local_steps)
-            average, state = fedavg_server_step(theta, average, check, step_sum, model.optimizer_state, model.server_step_size)
-            model._store_server_state(state)
-            model.local_step += model.local_steps
-        model.policy.theta.data.copy_(average[0])
+        average, check = aggregate_valid(local, theta, self._mask, check=check, on_reject=self._reject)
+        model.policy.theta.data.copy_(self.server_step(theta, average, check)[0])
         return {"skipped": False, "rejected": int((present & ~check.valid).sum()), "reasons": check.reasons}
 
 
-class IndependentProtocol(RoundProtocol):
-    """Independent PG: every agent steps on its own parameters; the server only keeps them."""
+def protocol_for(model: Any, **options: Any) -> RoundProtocol:
+    """The :class:`RoundProtocol` of ``model``'s algorithm: the class its ``round_protocol`` names.
 
-    algorithms = ("IndependentPG",)
-
-    def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return {"theta": self._theta_message(self.model.agent_theta[agent])}, {}
-
-    def _agent_update(self, worker, arrays, config, state) -> AgentReply:
-        model = worker.model
-        theta = _tensor(arrays, "theta", model.policy.theta).reshape(1, 1, -1)
-        local = independent_pg_steps(worker.federation, theta, model.estimator, model.step_size, model.local_steps)
-        return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(model.trajectories_per_round)})
-
-    def server_update(self, replies, min_replies) -> dict[str, Any]:
-        model = self.model
-        like = model.agent_theta.unsqueeze(0)
-        local, check = _stack_replies(replies, "theta", int(model.n_agents), like[0, 0], (like.shape[-1],))
-        if not self._enough(check, min_replies):
-            return self._skip(check, min_replies)
-        if not check.all_valid:
-            self._reject(check)
-        model.agent_theta = torch.where(check.valid[0].unsqueeze(-1), local[0], model.agent_theta)
-        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
-
-
-class MFPOProtocol(RoundProtocol):
-    """MFPO: K − 1 local momentum steps and the K-th direction on the agent (its θ^(t−1) kept in
-    ``Context.state`` across rounds); the server's global phase (eq. 6–8) on the replies. With
-    ``optimizer="adam"`` the agent's Adam moments travel both ways too (``adam-first``,
-    ``adam-second``; the step count is the local step, which the server knows)."""
-
-    algorithms = ("MFPO",)
-
-    def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        model = self.model
-        arrays = {"theta": self._theta_message(model.policy.theta), "direction": self._theta_message(model.agent_direction[agent])}
-        synced = model.__dict__.get("_flower_prev_from_agent")
-        # The agent's θ^(t−1) is its own last θ^(K) unless the server replaced it (first round,
-        # a rejected or skipped round, a restarted server): then it travels with the message.
-        if synced is None or not bool(synced[agent]):
-            arrays["theta-prev"] = self._theta_message(model.agent_theta_prev[agent])
-        if model.update.optimizer == "adam":
-            arrays["adam-first"] = self._theta_message(model.agent_adam_first[agent])
-            arrays["adam-second"] = self._theta_message(model.agent_adam_second[agent])
-        return arrays, {"local-step": int(model.local_step), "round": int(model.rounds_done)}
-
-    def _agent_update(self, worker, arrays, config, state) -> AgentReply:
-        model = worker.model
-        like = model.policy.theta
-        theta = _tensor(arrays, "theta", like).reshape(1, 1, -1)
-        direction = _tensor(arrays, "direction", like).reshape(1, 1, -1)
-        if "theta-prev" in arrays:
-            prev = _tensor(arrays, "theta-prev", like)
-        else:
-            if state.get("mfpo-round") is None or int(np.asarray(state["mfpo-round"]).reshape(-1)[0]) != int(config["round"]) - 1:
-                raise ValueError("MFPO agent state lost: the server did not send θ^(t-1) and this client's Context.state does not hold it")
-            prev = torch.as_tensor(np.asarray(state["mfpo-theta-prev"])).to(like.device)
-        step = int(config["local-step"])
-        moments = None
-        if model.update.optimizer == "adam":
-            moments = AdamState(torch.full((1, 1), float(step), dtype=like.dtype, device=like.device),
-                                _tensor(arrays, "adam-first", like).reshape(1, 1, -1), _tensor(arrays, "adam-second", like).reshape(1, 1, -1))
-        start = MFPOState(theta, direction, prev.reshape(1, 1, -1), step, moments)
-        theta_k, direction_k, _, info = model.update.agent_phase(worker.federation.sampler, start)
-        state["mfpo-theta-prev"] = theta_k[0, 0].cpu().numpy()
-        state["mfpo-round"] = np.array([int(config["round"])], dtype=np.int64)
-        metrics = {"num-trajectories": float(info["trajectories"]), "return": float(info["return"].mean()),
-                   "env-steps": float(info["env_steps"].sum())}
-        reply = {"theta": theta_k[0, 0].cpu().numpy(), "direction": direction_k[0, 0].cpu().numpy()}
-        if moments is not None:
-            reply.update({"adam-first": info["moments"].first[0, 0].cpu().numpy(), "adam-second": info["moments"].second[0, 0].cpu().numpy()})
-        return AgentReply(worker.agent, reply, metrics)
-
-    def server_update(self, replies, min_replies) -> dict[str, Any]:
-        model = self.model
-        start = model.state
-        like = start.theta[0, 0]
-        n = int(model.n_agents)
-        theta, check_t = _stack_replies(replies, "theta", n, like, (like.shape[-1],))
-        direction, check_d = _stack_replies(replies, "direction", n, like, (like.shape[-1],))
-        check = _merge(check_t, check_d)
-        adam = model.update.optimizer == "adam"
-        if adam:
-            first, check_f = _stack_replies(replies, "adam-first", n, like, (like.shape[-1],))
-            second, check_s = _stack_replies(replies, "adam-second", n, like, (like.shape[-1],))
-            check = _merge(_merge(check, check_f), check_s)
-        if not self._enough(check, min_replies):
-            self._flower_prev(torch.zeros(n, dtype=torch.bool))
-            return self._skip(check, min_replies)
-
-        def usable(x: torch.Tensor) -> torch.Tensor:  # unusable rows become NaN, which the global phase rejects as in one process
-            return x if check.all_valid else torch.where(check.valid.unsqueeze(-1), x, torch.full_like(x, float("nan")))
-
-        theta, direction = usable(theta), usable(direction)
-        step = model.local_step + model.local_steps
-        moments = None
-        if adam:  # the agents took K − 1 Adam steps since the last global phase
-            moments = AdamState(torch.full((1, n), float(step - 1), dtype=like.dtype, device=like.device), usable(first), usable(second))
-        new = model.update.global_phase(theta, direction, step, start, on_reject=self._merged_reject(check), moments=moments)
-        got = replies.replies
-        steps = [got[a].metrics.get("env-steps", 0.0) for a in sorted(got)]
-        alpha = float(model.update.step_size(step))
-        returns = torch.tensor([got[a].metrics.get("return", float("nan")) for a in sorted(got)])
-        info = {"return": returns, "alpha": alpha, "nu": float(model.update.momentum(step, alpha)),
-                "weight_mean": None, "weight_max": None, "clipped_fraction": None}
-        model._store_round(new, info, float(np.mean(steps)) if steps else 0.0)
-        self._flower_prev(check.valid[0].cpu())
-        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
-
-    def _flower_prev(self, from_agent: torch.Tensor) -> None:
-        self.model._flower_prev_from_agent = [bool(v) for v in from_agent.tolist()]
-
-
-class FedPGBRProtocol(RoundProtocol):
-    """FedPG-BR: every agent reports its gradient estimate and spread at the server's θ̃ (a
-    Byzantine agent runs its attack); the server filters, averages and runs the SCSG loop on its
-    own environment."""
-
-    algorithms = ("FedPGBR",)
-
-    def __init__(self, model: Any, aggregate: Any = None) -> None:
-        super().__init__(model)
-        #: a robust aggregation replacing FedPG-BR's filter (:func:`fedrl_algos.flower.robust.flower_aggregator`); ``None``: the filter
-        self.aggregate = aggregate
-
-    def agent_streams(self, federation: Federation) -> list[RandomStreams]:
-        noise = federation.__dict__.get("_flower_noise_streams")
-        if noise is None:
-            noise = self.model.noise_streams if federation is self.model.federation else attack_streams(federation.streams)
-            federation._flower_noise_streams = noise
-        return [federation.streams, noise]
-
-    def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        model = self.model
-        if model.update.attack.colluding:
-            raise ValueError(f"attack {model.update.attack.name!r} pools the Byzantine agents' gradients; one Flower client cannot run it")
-        if "_flower_uniform" not in model.__dict__:
-            model._flower_uniform = model.federation.server_streams.uniform((2,), dtype=torch.float64)
-        batch = model.update.batch_size(model._flower_uniform)
-        config = {"batch-size": int(batch[0]), "byzantine": bool(model.byzantine_mask[agent])}
-        return {"theta": self._theta_message(model.policy.theta)}, config
-
-    def _agent_update(self, worker, arrays, config, state) -> AgentReply:
-        model = worker.model
-        theta = _tensor(arrays, "theta", model.policy.theta).reshape(1, -1)
-        batch = torch.tensor([int(config["batch-size"])], device=theta.device)
-        byzantine = torch.tensor([bool(config["byzantine"])], device=theta.device)
-        noise = self.agent_streams(worker.federation)[1]
-        grads, spread, returns, env_steps = model.update.agent_gradients(worker.federation.sampler, theta, batch, byzantine, noise)
-        metrics = {"num-trajectories": float(config["batch-size"]), "return": float(returns[0, 0]), "env-steps": float(env_steps[0, 0])}
-        return AgentReply(worker.agent, {"gradient": grads[0, 0].cpu().numpy(), "spread": spread[0, :1].cpu().numpy()}, metrics)
-
-    def server_update(self, replies, min_replies) -> dict[str, Any]:
-        model = self.model
-        theta = model.policy.theta.detach().unsqueeze(0)
-        n = int(model.n_agents)
-        uniform = model.__dict__.pop("_flower_uniform")
-        grads, check_g = _stack_replies(replies, "gradient", n, theta, (theta.shape[-1],))
-        spread, check_s = _stack_replies(replies, "spread", n, theta, (1,))
-        check = _merge(check_g, check_s)
-        if not self._enough(check, min_replies):
-            return self._skip(check, min_replies)
-        spread = torch.where(check.valid, spread[..., 0], torch.ones_like(spread[..., 0]))
-        got = replies.replies
-        returns = torch.tensor([[got[a].metrics.get("return", 0.0) if a in got else 0.0 for a in range(n)]], dtype=theta.dtype)
-        env_steps = torch.tensor([[got[a].metrics.get("env-steps", 0.0) if a in got else 0.0 for a in range(n)]], dtype=theta.dtype)
-        batch = model.update.batch_size(uniform)
-        if not check.all_valid:
-            grads = torch.where(check.valid.unsqueeze(-1), grads, torch.full_like(grads, float("nan")))  # server_phase rejects them
-        new_theta, info = model.update.server_phase(
-            theta, grads, spread, returns, env_steps, batch, uniform, model.server_sampler, model.optimizer_state, self._merged_reject(check),
-            aggregate=self.aggregate,
-        )
-        model._store_round(new_theta, info)
-        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
-
-
-_PROTOCOLS: tuple[type[RoundProtocol], ...] = (AveragingProtocol, IndependentProtocol, MFPOProtocol, FedPGBRProtocol)
-#: the fedrl algorithm classes that run on Flower
-SUPPORTED_ALGORITHMS: tuple[str, ...] = tuple(name for p in _PROTOCOLS for name in p.algorithms)
-
-
-def protocol_for(model: Any) -> RoundProtocol:
-    """The :class:`RoundProtocol` of ``model``'s algorithm.
-
-    :raise TypeError: for a model of another class (e.g. the federated SB3 baselines)
+    :param model: a federation whose class declares ``round_protocol``
+    :param options: keyword arguments of that protocol (e.g. ``aggregate`` where it is accepted)
+    :raise TypeError: for a model whose class declares none (e.g. the federated SB3 baselines)
     """
-    name = type(model).__name__
-    for protocol in _PROTOCOLS:
-        if name in protocol.algorithms:
-            return protocol(model)
-    raise TypeError(f"model must be one of {', '.join(SUPPORTED_ALGORITHMS)} to run on Flower, got {name}")
+    protocol = getattr(type(model), "round_protocol", None)
+    if protocol is None:
+        raise TypeError(f"{type(model).__name__} declares no round_protocol, so it cannot run by halves (on Flower); "
+                        "the algorithms that can are the classes with a round_protocol (fedrl_algos.flower.algorithm_classes())")
+    if "aggregate" in options and not protocol.accepts_aggregate:
+        if options["aggregate"] is None:
+            options.pop("aggregate")
+        else:
+            raise ValueError(f"{type(model).__name__}'s round ({protocol.__name__}) takes no robust aggregation (aggregate=)")
+    return protocol(model, **options)
