@@ -26,6 +26,7 @@ from fedrl_algos.common.round_protocol import (
     RoundReplies,
     message_tensor,
     protocol_for,
+    round_by_halves,
     stack_replies,
 )
 from fedrl_algos.core.directions import PolicyGradient, local_update
@@ -142,14 +143,7 @@ def test_the_toy_algorithm_by_halves_equals_its_own_round():
     protocol = protocol_for(server)
     workers = [AgentWorker(make(), agent) for agent in range(server.n_agents)]
     for _ in range(3):
-        asked = protocol.participants()
-        replies = {}
-        for agent in asked:
-            arrays, config = protocol.train_message(agent)
-            reply = protocol.agent_round(workers[agent], arrays, config, {})
-            protocol.store_counters(agent, reply.arrays.pop("stream-counters"))
-            replies[agent] = reply
-        assert protocol.server_update(RoundReplies(asked, replies), 1)["skipped"] is False
+        assert round_by_halves(protocol, workers)["skipped"] is False
     assert torch.equal(server.policy.theta, reference.policy.theta)
     assert not torch.equal(reference.policy.theta, make().policy.theta)  # it trained
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,6 +47,7 @@ __all__ = [
     "stack_replies",
     "merge_checks",
     "protocol_for",
+    "round_by_halves",
 ]
 
 
@@ -434,3 +436,27 @@ def protocol_for(model: Any, **options: Any) -> RoundProtocol:
         else:
             raise ValueError(f"{type(model).__name__}'s round ({protocol.__name__}) takes no robust aggregation (aggregate=)")
     return protocol(model, **options)
+
+
+def round_by_halves(protocol: RoundProtocol, workers: Sequence[AgentWorker], states: Sequence[dict[str, Any]] | None = None,
+                    min_replies: int = 1) -> dict[str, Any]:
+    """One round of ``protocol`` in this process, its messages handed over directly instead of sent:
+    what a Flower Strategy and the ClientApps do, without Flower. With the same seed it equals the
+    model's in-process round, which makes it the test of a new protocol.
+
+    :param protocol: the server's protocol (it updates its model in place)
+    :param workers: one :class:`AgentWorker` per agent (``AgentWorker(copy.deepcopy(model), i)``)
+    :param states: each agent's state kept between rounds (a ClientApp's ``Context.state``; default: none kept)
+    :param min_replies: fewer valid replies than this skip the round
+    :return: the server side's diagnostics (``skipped``, ``rejected``, ``reasons``)
+    """
+    asked = protocol.participants()
+    replies: dict[int, AgentReply] = {}
+    for agent in asked:
+        arrays, config = protocol.train_message(agent)
+        reply = protocol.agent_round(workers[agent], arrays, config, {} if states is None else states[agent])
+        protocol.store_counters(agent, reply.arrays.pop("stream-counters"))
+        if "env-state" in reply.arrays:
+            protocol.store_env_state(agent, reply.arrays.pop("env-state"))
+        replies[agent] = reply
+    return protocol.server_update(RoundReplies(asked, replies), min_replies)

@@ -21,6 +21,7 @@ from fedrl_algos.common.round_protocol import (
     RoundReplies,
     agent_federation,
     protocol_for,
+    round_by_halves,
 )
 from fedrl_algos.flower.server_app import FederationStrategy, discover_agents, run_federation, strategy_for
 from fedrl_algos.flower.simulation import default_backend_config, simulate
@@ -35,6 +36,7 @@ __all__ = [
     "agent_federation",
     "algorithm_classes",
     "protocol_for",
+    "round_by_halves",
     "FederationStrategy",
     "strategy_for",
     "discover_agents",

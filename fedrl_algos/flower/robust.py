@@ -91,7 +91,7 @@ def compare_robust_aggregators(
     :param progress: called with a line per finished run
     :return: one record per (attack, aggregator, seed): ``attack``, ``aggregator``, ``seed``, ``score``
     """
-    from fedrl_algos.common.round_protocol import AgentWorker, RoundReplies, protocol_for
+    from fedrl_algos.common.round_protocol import AgentWorker, protocol_for, round_by_halves
 
     records = []
     for attack in attacks:
@@ -102,14 +102,7 @@ def compare_robust_aggregators(
                 protocol = protocol_for(model, aggregate=aggregate)
                 workers = [AgentWorker(copy.deepcopy(model), a) for a in range(model.n_agents)]
                 for _ in range(rounds):
-                    asked = protocol.participants()
-                    replies = {}
-                    for agent in asked:
-                        arrays, config = protocol.train_message(agent)
-                        reply = protocol.agent_round(workers[agent], arrays, config, {})
-                        protocol.store_counters(agent, reply.arrays.pop("stream-counters"))
-                        replies[agent] = reply
-                    protocol.server_update(RoundReplies(asked, replies), 1)
+                    round_by_halves(protocol, workers)
                     model.rounds_done += 1
                 score = float(metric(model))
                 records.append({"attack": attack or "none", "aggregator": aggregator, "seed": seed, "score": score})
