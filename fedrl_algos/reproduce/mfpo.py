@@ -50,7 +50,7 @@ from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.fedpg_br.update import make_env_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate, mean_std
 from fedrl_envs import stack_params
 
 __all__ = [
@@ -548,13 +548,6 @@ def _final(records: list[dict[str, Any]], **match: Any) -> list[float]:
     return [last[s]["return"] for s in sorted(last)]
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    t = torch.tensor(list(values), dtype=torch.float64)
-    return float(t.mean()), float(t.std(unbiased=False))
-
-
 def _at_step(records: list[dict[str, Any]], step: float, **match: Any) -> list[float]:
     """Each seed's evaluation return linearly interpolated at ``step`` environment steps per agent."""
     rows = [r for r in records if all(r.get(k) == v for k, v in match.items())]
@@ -887,7 +880,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
             if method in missing:
                 rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, missing[method], None, "federated SB3 baseline (issue 7)"))
                 continue
-            mean, std = _mean_std(_final(records, part="comparison", method=method))
+            mean, std = mean_std(_final(records, part="comparison", method=method))
             note = "final evaluation return (mean over seeds)"
             if method in ("Fed-DQN", "Fed-SAC"):
                 note += "; issue 7's protocol: deterministic evaluation episodes"
@@ -912,9 +905,9 @@ class MFPOComparison(Experiment[MFPOConfig]):
                 final = _final(records, part=part, **{key: v})
                 if not final:
                     continue
-                mean, std = _mean_std(_at_step(records, common, part=part, **{key: v}) if common > 0 else final)
+                mean, std = mean_std(_at_step(records, common, part=part, **{key: v}) if common > 0 else final)
                 fig = "fig. 5" if part == "agents_sweep" else "fig. 6"
-                fmean, _ = _mean_std(final)
+                fmean, _ = mean_std(final)
                 rows.append(TableRow(f"MFPO, {key} = {v} ({fig})", None, mean, std,
                                      f"return at {common:.3g} env steps per agent (interpolated); at the end of the run {fmean:.1f}"))
         return rows
@@ -1044,9 +1037,9 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
                                     n_byzantine=len(byz), n_agents=n)
         table = []
         for method in config.algorithms:
-            clean, _ = _mean_std(_final(records, method=method, attack="none"))
+            clean, _ = mean_std(_final(records, method=method, attack="none"))
             for attack in config.attacks:
-                mean, std = _mean_std(_final(records, method=method, attack=attack))
+                mean, std = mean_std(_final(records, method=method, attack=attack))
                 ratio = mean / clean if (clean not in (None, 0.0) and mean is not None) else None
                 note = "no Byzantine agent" if attack == "none" else f"{len(config.byzantine_agents)} of {n} Byzantine; final / attack-free = {ratio:.2f}" if ratio is not None else ""
                 if method == "FedPG-BR" and attack != "none" and attack in filter_stats:

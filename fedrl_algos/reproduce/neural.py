@@ -61,6 +61,8 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+    mean_std,
+    median,
 )
 from fedrl_algos.reproduce.parallel import (
     DEFAULT_WORKERS,
@@ -227,17 +229,6 @@ def _progress(total: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="round", leave=False)
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    t = torch.tensor(list(values), dtype=torch.float64)
-    return float(t.mean()), float(t.std(unbiased=False)) if t.numel() > 1 else 0.0
-
-
-def _median(values: Sequence[float]) -> float:
-    t = torch.tensor(list(values), dtype=torch.float64).sort().values
-    k = t.numel()
-    return float((t[(k - 1) // 2] + t[k // 2]) / 2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -545,7 +536,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                 label = "first-order reference"
             else:
                 label = f"exact, m_h={m_h}" if cfg.default_estimators else f"exact ({estimator} curvature), m_h={m_h}"
-            table.append(TableRow(f"median post-adaptation return, {label}", paper, _median(vals), None,
+            table.append(TableRow(f"median post-adaptation return, {label}", paper, median(vals), None,
                                   f"{trained}/{len(vals)} seeds ≥ {TRAINED_THRESHOLD}; seeds: "
                                   + ", ".join(f"{v:.2f}" for v in sorted(vals))))
         notes = [
@@ -604,13 +595,13 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                 jitter = (torch.rand(len(vals), generator=gen) - 0.5) * 0.3 * min(1.0, width / 0.6)
                 ax.scatter([i + offset + float(j) for j in jitter], vals, s=14, color=color, alpha=0.6, zorder=2,
                            label=f"{estimator} curvature (seeds)" if i == 0 and len(estimators) > 1 else None)
-                ax.scatter([i + offset], [_median(vals)], s=90, marker="_", color="black", linewidths=2.5, zorder=3)
+                ax.scatter([i + offset], [median(vals)], s=90, marker="_", color="black", linewidths=2.5, zorder=3)
         paper_x = [i for i, m_h in enumerate(m_hs) if m_h in PAPER_CURVATURE]
         ax.scatter(paper_x, [PAPER_CURVATURE[m_hs[i]] for i in paper_x], s=40, marker="x", color="tab:red", zorder=4,
                    label="paper median (eq. (3))")
         fo = [r["return"] for r in final if r["m_h"] is None]
         if fo:
-            med = _median(fo)
+            med = median(fo)
             ax.axhline(med, color="tab:green", ls="--", lw=1.2, label=f"first-order reference (median {med:.2f})")
             ax.scatter([len(m_hs) + float(j) for j in (torch.rand(len(fo), generator=gen) - 0.5) * 0.3], fo,
                        s=14, color="tab:green", alpha=0.6)
@@ -639,7 +630,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
             rounds = sorted({r["round"] for r in recs})
             if not rounds:
                 continue
-            med = [_median([r["return"] for r in recs if r["round"] == k]) for k in rounds]
+            med = [median([r["return"] for r in recs if r["round"] == k]) for k in rounds]
             if m_h is None:
                 style = dict(color="tab:green", ls="--", label="first order")
             else:
@@ -775,7 +766,7 @@ class FewShotExperiment(Experiment[FewShotConfig]):
         for r in records:
             if r["method"] == method and r.get(key) == value and r.get("round") is None:
                 per_seed.setdefault(r["seed"], []).append(r[metric])
-        return _mean_std([sum(v) / len(v) for v in per_seed.values()])
+        return mean_std([sum(v) / len(v) for v in per_seed.values()])
 
     def _table(self, records, cfg: FewShotConfig) -> list[TableRow]:
         s = self._summary
@@ -1072,9 +1063,9 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
             label = "zero-shot" if m == 0 else f"after one step of {m} traj."
             table.append(TableRow(f"held-out return, {label}", PAPER_FEWSHOT["zero_shot_return"] if m == 0 else
                                   (PAPER_FEWSHOT["return_200"] if m == 200 else None),
-                                  *_mean_std(ret[c].mean(-1).tolist())))
+                                  *mean_std(ret[c].mean(-1).tolist())))
             table.append(TableRow(f"held-out success, {label}", PAPER_FEWSHOT["zero_shot_success"] if m == 0 else None,
-                                  *_mean_std(succ[c].mean(-1).tolist())))
+                                  *mean_std(succ[c].mean(-1).tolist())))
         drawn_rate = drawn_success[:, 0].float().mean(-1).mean(-1).tolist()
         notes = [
             f"The figure draws {cfg.n_drawn} rollouts per held-out goal for seed 0, before and after one PG step "

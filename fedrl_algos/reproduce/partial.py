@@ -39,6 +39,7 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+    mean_std,
     progress_bar,
 )
 from fedrl_algos.reproduce.tabular import (
@@ -50,7 +51,6 @@ from fedrl_algos.reproduce.tabular import (
     _band,
     _estimator,
     _evaluate,
-    _mean_std,
     _pyplot,
     _save,
     _seed_list,
@@ -257,7 +257,7 @@ class PartialExperiment(Experiment):
         by_key = {(res["method"], res["agents_per_round"], res["control_variates"]): res for res in results}
         for res in results:
             m, r, cv = res["method"], res["agents_per_round"], res["control_variates"]
-            table.append(TableRow(f"F after K={cfg.rounds} rounds, {LABELS[m]}, {_label(r, n, cv)}", None, *_mean_std(res["F"][-1]),
+            table.append(TableRow(f"F after K={cfg.rounds} rounds, {LABELS[m]}, {_label(r, n, cv)}", None, *mean_std(res["F"][-1]),
                                   f"wall time per round {1e3 * statistics.median(res['round_s']):.1f} ms ({len(seed_list)} seeds batched)"))
         # Equal total trajectories: full participation after K·r/n rounds spends what r agents spend in K rounds.
         k_match = cfg.rounds * r_small // n
@@ -268,14 +268,14 @@ class PartialExperiment(Experiment):
                     gap = part["F"][-1] - full["F"][k_match]
                     table.append(TableRow(
                         f"matched total budget, {LABELS[m]}{', SCAFFOLD' if cv else ''}: F(r={r_small}, K={cfg.rounds}) − F(r=n, K={k_match})",
-                        None, *_mean_std(gap), f"F(r=n, round {k_match}) = {float(full['F'][k_match].mean()):.3f}; both spent "
+                        None, *mean_std(gap), f"F(r=n, round {k_match}) = {float(full['F'][k_match].mean()):.3f}; both spent "
                         f"{cfg.rounds * r_small * cfg.tau * per_step(m)} trajectories in all"))
         for m in cfg.methods:
             for r in sorted({n, r_small}, reverse=True):
                 if (m, r, False) in by_key and (m, r, True) in by_key:
                     gain = by_key[(m, r, True)]["F"][-1] - by_key[(m, r, False)]["F"][-1]
                     table.append(TableRow(f"SCAFFOLD − plain, F after K={cfg.rounds}, {LABELS[m]}, {_label(r, n, False)}", None,
-                                          *_mean_std(gain), "paired by seed"))
+                                          *mean_std(gain), "paired by seed"))
         for m in cfg.methods:
             if (m, n, False) in by_key and (m, r_small, False) in by_key and r_small < n:
                 ratio = by_key[(m, r_small, False)]["words"] / by_key[(m, n, False)]["words"]

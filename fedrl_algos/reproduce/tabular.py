@@ -50,6 +50,7 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+    mean_std,
     progress_bar,
 )
 from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, can_fork, check_workers, run_forked
@@ -377,12 +378,6 @@ def tabular_records(experiment: str, results: dict[str, TabularResult]) -> list[
     return records
 
 
-def _mean_std(x: torch.Tensor) -> tuple[float, float]:
-    """Mean and population standard deviation over the last axis (the seeds)."""
-    x = x.to(torch.float64)
-    return float(x.mean()), float(x.std(unbiased=False)) if x.numel() > 1 else 0.0
-
-
 def _uniform_values(cfg: TabularConfig, alpha: float) -> tuple[float, float]:
     """Exact (F, f) of the uniform-random policy θ = 0."""
     evaluator = TabularEvaluator(GRIDWORLD, gamma=cfg.gamma)
@@ -464,7 +459,7 @@ class PersonalizationExperiment(Experiment):
         records = tabular_records(self.name, results)
         paper = PAPER["personalization"]
         table: list[TableRow] = []
-        final = {m: _mean_std(r.F[-1, 0]) for m, r in results.items()}
+        final = {m: mean_std(r.F[-1, 0]) for m, r in results.items()}
         for m in METHODS:
             if m in final:
                 table.append(TableRow(f"F after K={cfg.rounds} rounds, {LABELS[m]}", paper["F"][m], *final[m], "mean over seeds"))
@@ -483,19 +478,19 @@ class PersonalizationExperiment(Experiment):
                 TableRow(
                     "f (before adaptation) of the exact variant's initialization",
                     paper["f_exact"],
-                    *_mean_std(results["exact"].f[-1, 0]),
+                    *mean_std(results["exact"].f[-1, 0]),
                     "F − f is the value of the single local adaptation step",
                 )
             )
         for m in ("first_order", "fedavg"):
             if m in results:
-                table.append(TableRow(f"f (before adaptation), {LABELS[m]}", None, *_mean_std(results[m].f[-1, 0])))
+                table.append(TableRow(f"f (before adaptation), {LABELS[m]}", None, *mean_std(results[m].f[-1, 0])))
         budget = paper["budget"]
         for m in ("first_order", "exact"):
             if m in results:
                 values, how = _value_at_budget(results[m], budget)
                 table.append(
-                    TableRow(f"F at the matched budget of {budget} trajectories per agent, {LABELS[m]}", paper["F_at_budget"][m], *_mean_std(values), how)
+                    TableRow(f"F at the matched budget of {budget} trajectories per agent, {LABELS[m]}", paper["F_at_budget"][m], *mean_std(values), how)
                 )
         if all(m in results for m in METHODS):
             means = torch.stack([results[m].F[1:, 0].mean(-1) for m in METHODS])  # [3, K]
@@ -585,7 +580,7 @@ class AlphaExperiment(Experiment):
             for m in METHODS:
                 if m in results:
                     p = paper.get(alpha, {}).get(m)
-                    table.append(TableRow(f"F after K={cfg.rounds}, α={alpha:g}, {LABELS[m]}", p, *_mean_std(results[m].F[-1, a])))
+                    table.append(TableRow(f"F after K={cfg.rounds}, α={alpha:g}, {LABELS[m]}", p, *mean_std(results[m].F[-1, a])))
         if all(m in results for m in METHODS):
             final = torch.stack([results[m].F[-1].mean(-1) for m in METHODS])  # [3, n_alpha]
             if 0.0 in alphas:  # Proposition 3 is a statement about α = 0 only
