@@ -248,7 +248,8 @@ class Experiment(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        """Write the experiment's PNG figures into ``out_dir`` and return their paths."""
+        """Write the experiment's PNG figures into ``out_dir`` and return their paths (drawn by the
+        experiment's module of :mod:`fedrl_algos.reproduce.plots` from ``output``)."""
 
 
 def progress_bar(total: int, enabled: bool, desc: str, unit: str = "it") -> Any:
