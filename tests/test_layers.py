@@ -218,6 +218,35 @@ def test_algorithms_do_not_import_each_other() -> None:
     assert not bad, "; ".join(bad)
 
 
+#: the figures of ``fedrl reproduce``: the only modules that import matplotlib
+PLOTTING = "fedrl_algos.reproduce.plots"
+
+
+def test_only_the_plotting_modules_import_matplotlib() -> None:
+    """The experiments compute, the figure modules draw: matplotlib (imported anywhere in a module,
+    inside functions too) belongs to ``fedrl_algos.reproduce.plots`` alone."""
+    modules = project_modules()
+    known = {**modules, "matplotlib": Path("matplotlib")}
+    importers = {
+        name for name, path in modules.items()
+        if "matplotlib" in _imports(ast.parse(path.read_text()), name, path.name == "__init__.py", known)
+    }
+    bad = sorted(m for m in importers if not _within(m, PLOTTING))
+    assert not bad, f"only {PLOTTING} may import matplotlib; also imported by: {bad}"
+    assert f"{PLOTTING}.neural" in importers  # the walk sees the plotting modules' imports
+
+
+def test_the_plotting_modules_take_results_as_data() -> None:
+    """The figure modules sit below the experiments: they import none of them (an experiment's ``plot``
+    hands its records to them), only the shared helpers and the environments (a figure draws the goals)."""
+    allowed = (PLOTTING, "fedrl_algos.reproduce.common", "fedrl_algos.reproduce.parallel", "fedrl_envs")
+    graph = import_graph()
+    bad = [f"{m} imports {t}" for m, targets in graph.items() if _within(m, PLOTTING)
+           for t in sorted(targets) if not any(_within(t, a) for a in allowed)]
+    assert not bad, "; ".join(bad)
+    assert graph[f"{PLOTTING}.partial"] >= {PLOTTING, f"{PLOTTING}.tabular"}
+
+
 def test_the_walk_sees_function_level_imports() -> None:
     """The checker itself: an import inside a function counts, one under TYPE_CHECKING does not."""
     source = "def f():\n    from pkg.b import x\nif TYPE_CHECKING:\n    import pkg.c\n"

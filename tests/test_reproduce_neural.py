@@ -162,7 +162,7 @@ def test_demo_footnote_explains_a_lowered_goal():
 def test_arc_rollouts_figure_counts_its_rollouts(tmp_path, monkeypatch):
     import matplotlib.axes
 
-    from fedrl_algos.reproduce.neural import draw_arc_rollouts
+    from fedrl_algos.reproduce.plots.neural import draw_arc_rollouts
 
     titles, labels = [], []
     monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, **k: titles.append(t))

@@ -22,6 +22,7 @@ import platform
 import sys
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -41,6 +42,8 @@ __all__ = [
     "WallTimeEstimate",
     "format_duration",
     "linear_estimate",
+    "mean_std",
+    "median",
 ]
 
 
@@ -149,6 +152,35 @@ def format_duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
+def mean_std(values: Sequence[float] | torch.Tensor) -> tuple[float, float] | tuple[None, None]:
+    """Mean and population standard deviation (ddof 0: ``0.0`` for one value) of ``values``, a
+    sequence of numbers or a tensor of any shape, computed in float64: the "mean ± spread over
+    seeds" of the reports' tables.
+
+    :return: ``(mean, std)``, or ``(None, None)`` for no values (a table cell left empty)
+
+    >>> mean_std([1.0, 2.0, 3.0, 4.0])
+    (2.5, 1.118033988749895)
+    >>> mean_std(torch.tensor([0.5])), mean_std([])
+    ((0.5, 0.0), (None, None))
+    """
+    t = torch.as_tensor(values if isinstance(values, torch.Tensor) else list(values), dtype=torch.float64)
+    if t.numel() == 0:
+        return None, None
+    return float(t.mean()), float(t.std(unbiased=False)) if t.numel() > 1 else 0.0
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values`` in float64 (of an even count, the mean of the two middle values).
+
+    >>> median([3.0, 1.0, 2.0]), median([4.0, 1.0, 2.0, 3.0])
+    (2.0, 2.5)
+    """
+    t = torch.tensor(list(values), dtype=torch.float64).sort().values
+    k = t.numel()
+    return float((t[(k - 1) // 2] + t[k // 2]) / 2)
+
+
 #: an experiment's config type
 ConfigT = TypeVar("ConfigT")
 
@@ -216,7 +248,8 @@ class Experiment(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        """Write the experiment's PNG figures into ``out_dir`` and return their paths."""
+        """Write the experiment's PNG figures into ``out_dir`` and return their paths (drawn by the
+        experiment's module of :mod:`fedrl_algos.reproduce.plots` from ``output``)."""
 
 
 def progress_bar(total: int, enabled: bool, desc: str, unit: str = "it") -> Any:

@@ -84,11 +84,11 @@ def run_demo(
     from fedrl_algos import IndependentPG, PerFedAvgPG
     from fedrl_algos.reproduce.neural import (
         FRESH_INIT_OFFSET,
-        draw_arc_rollouts,
         episode_success,
         evaluate_rows,
         fast_rollout,
     )
+    from fedrl_algos.reproduce.plots.neural import draw_arc_rollouts
     from fedrl_envs import (
         ARC_NAVIGATION,
         FamilyVectorEnv,

@@ -50,7 +50,8 @@ from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.fedpg_br.update import make_env_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
-from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate
+from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate, mean_std
+from fedrl_algos.reproduce.plots.mfpo import byzantine_figures, mfpo_figures
 from fedrl_envs import stack_params
 
 __all__ = [
@@ -548,13 +549,6 @@ def _final(records: list[dict[str, Any]], **match: Any) -> list[float]:
     return [last[s]["return"] for s in sorted(last)]
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    t = torch.tensor(list(values), dtype=torch.float64)
-    return float(t.mean()), float(t.std(unbiased=False))
-
-
 def _at_step(records: list[dict[str, Any]], step: float, **match: Any) -> list[float]:
     """Each seed's evaluation return linearly interpolated at ``step`` environment steps per agent."""
     rows = [r for r in records if all(r.get(k) == v for k, v in match.items())]
@@ -610,48 +604,6 @@ def _timed(progress: bool, desc: str, wall: dict[str, float], train: Callable[[A
         wall[desc] = time.perf_counter() - start
         if bar is not None:
             bar.close()
-
-
-def _plot_curves(ax: Any, records: list[dict[str, Any]], key: str, group: str, label: Callable[[Any], str]) -> None:
-    """Mean ± std over seeds of ``return`` against ``key`` for each value of ``group``."""
-    values = []
-    for r in records:
-        if r[group] not in values:
-            values.append(r[group])
-    for v in values:
-        rows = [r for r in records if r[group] == v]
-        rounds = sorted({r["round"] for r in rows})
-        xs, ms, ss = [], [], []
-        for rnd in rounds:
-            pts = [r for r in rows if r["round"] == rnd]
-            ret = torch.tensor([p["return"] for p in pts], dtype=torch.float64)
-            xs.append(sum(p[key] for p in pts) / len(pts))
-            ms.append(float(ret.mean()))
-            ss.append(float(ret.std(unbiased=False)))
-        line = ax.plot(xs, ms, label=label(v))[0]
-        ax.fill_between(xs, [m - s for m, s in zip(ms, ss)], [m + s for m, s in zip(ms, ss)], color=line.get_color(), alpha=0.2)
-
-
-def _curves_figure(rows: list[dict[str, Any]], group: str, label: Callable[[Any], str], title: str, path: Path) -> Path:
-    """Return against environment steps per agent (left) and communication rounds (right), one
-    curve per value of ``group``; saved to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, key, xlabel in ((axes[0], "step", "environment steps per agent"), (axes[1], "round", "communication rounds")):
-        _plot_curves(ax, rows, key, group, label)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("evaluation return")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -887,7 +839,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
             if method in missing:
                 rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, missing[method], None, "federated SB3 baseline (issue 7)"))
                 continue
-            mean, std = _mean_std(_final(records, part="comparison", method=method))
+            mean, std = mean_std(_final(records, part="comparison", method=method))
             note = "final evaluation return (mean over seeds)"
             if method in ("Fed-DQN", "Fed-SAC"):
                 note += "; issue 7's protocol: deterministic evaluation episodes"
@@ -912,30 +864,15 @@ class MFPOComparison(Experiment[MFPOConfig]):
                 final = _final(records, part=part, **{key: v})
                 if not final:
                     continue
-                mean, std = _mean_std(_at_step(records, common, part=part, **{key: v}) if common > 0 else final)
+                mean, std = mean_std(_at_step(records, common, part=part, **{key: v}) if common > 0 else final)
                 fig = "fig. 5" if part == "agents_sweep" else "fig. 6"
-                fmean, _ = _mean_std(final)
+                fmean, _ = mean_std(final)
                 rows.append(TableRow(f"MFPO, {key} = {v} ({fig})", None, mean, std,
                                      f"return at {common:.3g} env steps per agent (interpolated); at the end of the run {fmean:.1f}"))
         return rows
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        paths = []
-        comp = [r for r in output.records if r["part"] == "comparison"]
-        env = output.settings.get("env", "cartpole")
-        if comp:
-            methods = output.settings.get("methods", {})
-            shape = f"{output.settings.get('n_agents', 10)} agents, K = {methods.get('local_steps', 10)}, D = {methods.get('n_trajectories', 20)}"
-            paths.append(_curves_figure(comp, "method", str, f"heterogeneous {env}: {shape} (mean ± std over seeds)",
-                                        out_dir / f"mfpo_{env}_comparison.png"))
-        for part, key, title, name in (("agents_sweep", "n_agents", "number of agents N (fig. 5)", "agents"),
-                                        ("local_steps_sweep", "local_steps", "local steps K (fig. 6)", "local_steps")):
-            rows = [r for r in output.records if r["part"] == part]
-            if rows:
-                symbol = "N" if key == "n_agents" else "K"
-                paths.append(_curves_figure(rows, key, lambda v, c=symbol: f"{c} = {v}", f"MFPO on heterogeneous {env}: {title}",
-                                            out_dir / f"mfpo_{env}_{name}.png"))
-        return paths
+        return mfpo_figures(output.records, output.settings, out_dir)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1044,9 +981,9 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
                                     n_byzantine=len(byz), n_agents=n)
         table = []
         for method in config.algorithms:
-            clean, _ = _mean_std(_final(records, method=method, attack="none"))
+            clean, _ = mean_std(_final(records, method=method, attack="none"))
             for attack in config.attacks:
-                mean, std = _mean_std(_final(records, method=method, attack=attack))
+                mean, std = mean_std(_final(records, method=method, attack=attack))
                 ratio = mean / clean if (clean not in (None, 0.0) and mean is not None) else None
                 note = "no Byzantine agent" if attack == "none" else f"{len(config.byzantine_agents)} of {n} Byzantine; final / attack-free = {ratio:.2f}" if ratio is not None else ""
                 if method == "FedPG-BR" and attack != "none" and attack in filter_stats:
@@ -1070,25 +1007,4 @@ class ByzantineExperiment(Experiment[ByzantineConfig]):
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        methods = [m for m in ("FedPG-BR", "FedAvg-PG") if any(r["method"] == m for r in output.records)] or ["FedPG-BR"]
-        fig, axes = plt.subplots(1, len(methods), figsize=(5 * len(methods), 3.8), sharey=True, squeeze=False)
-        axes = axes[0]
-        for ax, method in zip(axes, methods, strict=True):
-            rows = [r for r in output.records if r["method"] == method]
-            _plot_curves(ax, rows, "step", "attack", lambda a: "no attack" if a == "none" else f"3 Byzantine: {a}")
-            ax.set_title(method)
-            ax.set_xlabel("environment steps per agent")
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("evaluation return")
-        axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "byzantine.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return [path]
-
+        return byzantine_figures(output.records, out_dir)

@@ -61,6 +61,8 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+    mean_std,
+    median,
 )
 from fedrl_algos.reproduce.parallel import (
     DEFAULT_WORKERS,
@@ -70,6 +72,7 @@ from fedrl_algos.reproduce.parallel import (
     run_forked,
     run_threaded,
 )
+from fedrl_algos.reproduce.plots.neural import curvature_figures, fewshot_figures, rollouts_figures
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, index_params, params_to, stack_params
 from fedrl_envs.threads import intra_op_threads
 
@@ -227,17 +230,6 @@ def _progress(total: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="round", leave=False)
-
-
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    t = torch.tensor(list(values), dtype=torch.float64)
-    return float(t.mean()), float(t.std(unbiased=False)) if t.numel() > 1 else 0.0
-
-
-def _median(values: Sequence[float]) -> float:
-    t = torch.tensor(list(values), dtype=torch.float64).sort().values
-    k = t.numel()
-    return float((t[(k - 1) // 2] + t[k // 2]) / 2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -545,7 +537,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
                 label = "first-order reference"
             else:
                 label = f"exact, m_h={m_h}" if cfg.default_estimators else f"exact ({estimator} curvature), m_h={m_h}"
-            table.append(TableRow(f"median post-adaptation return, {label}", paper, _median(vals), None,
+            table.append(TableRow(f"median post-adaptation return, {label}", paper, median(vals), None,
                                   f"{trained}/{len(vals)} seeds ≥ {TRAINED_THRESHOLD}; seeds: "
                                   + ", ".join(f"{v:.2f}" for v in sorted(vals))))
         notes = [
@@ -576,89 +568,7 @@ class CurvatureExperiment(Experiment[CurvatureConfig]):
         return ExperimentOutput(records=records, table=table, settings=settings_out, notes=notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        final_round = max(r["round"] for r in output.records)
-        final = [r for r in output.records if r["round"] == final_round]
-        m_hs = sorted({r["m_h"] for r in final if r["m_h"] is not None})
-        # records of a run with several estimators carry "estimator"; the default run has none (paper)
-        estimators = list(dict.fromkeys(r.get("estimator") or "paper" for r in final if r["m_h"] is not None))
-        colors = {"paper": "tab:blue", "causal": "tab:purple", "lvc": "tab:orange"}
-        width = 0.6 / max(1, len(estimators))
-
-        def of(recs, estimator, m_h):
-            return [r for r in recs if r["m_h"] == m_h and (r.get("estimator") or "paper") == estimator]
-
-        fig, ax = plt.subplots(figsize=(5.2 + 0.6 * (len(estimators) - 1), 3.6 + 0.6 * (len(estimators) > 1)))
-        gen = torch.Generator().manual_seed(0)
-        for k, estimator in enumerate(estimators):
-            offset = (k - (len(estimators) - 1) / 2) * width
-            color = colors.get(estimator, "tab:blue")
-            for i, m_h in enumerate(m_hs):
-                vals = [r["return"] for r in of(final, estimator, m_h)]
-                if not vals:
-                    continue
-                jitter = (torch.rand(len(vals), generator=gen) - 0.5) * 0.3 * min(1.0, width / 0.6)
-                ax.scatter([i + offset + float(j) for j in jitter], vals, s=14, color=color, alpha=0.6, zorder=2,
-                           label=f"{estimator} curvature (seeds)" if i == 0 and len(estimators) > 1 else None)
-                ax.scatter([i + offset], [_median(vals)], s=90, marker="_", color="black", linewidths=2.5, zorder=3)
-        paper_x = [i for i, m_h in enumerate(m_hs) if m_h in PAPER_CURVATURE]
-        ax.scatter(paper_x, [PAPER_CURVATURE[m_hs[i]] for i in paper_x], s=40, marker="x", color="tab:red", zorder=4,
-                   label="paper median (eq. (3))")
-        fo = [r["return"] for r in final if r["m_h"] is None]
-        if fo:
-            med = _median(fo)
-            ax.axhline(med, color="tab:green", ls="--", lw=1.2, label=f"first-order reference (median {med:.2f})")
-            ax.scatter([len(m_hs) + float(j) for j in (torch.rand(len(fo), generator=gen) - 0.5) * 0.3], fo,
-                       s=14, color="tab:green", alpha=0.6)
-        ax.set_xticks(list(range(len(m_hs))) + ([len(m_hs)] if fo else []))
-        ax.set_xticklabels([str(m) for m in m_hs] + (["FO"] if fo else []))
-        ax.set_xlabel("Hessian batch $m_h$")
-        ax.set_ylabel("post-adaptation return (training goals)")
-        ax.set_title("Curvature bottleneck: medians (—) and seeds (•)")
-        if len(estimators) > 1:
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=7)
-        else:
-            ax.legend(loc="upper left", fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out_dir / "curvature.png"
-        fig.savefig(path, dpi=130)
-        plt.close(fig)
-        # learning curves: median over seeds of the post-adaptation return against rounds
-        fig, ax = plt.subplots(figsize=(5.2, 3.6))
-        cmap = plt.get_cmap("viridis")
-        # one estimator: colour by m_h (the paper's figure); several: colour by estimator, line style by m_h
-        dashes = ["-", "-.", ":", (0, (5, 1)), (0, (1, 3)), (0, (3, 1, 1, 1))]
-        curves_of = [(e, m_h) for e in estimators for m_h in m_hs] + [(None, None)]
-        for estimator, m_h in curves_of:
-            recs = [r for r in output.records if r["m_h"] is None] if m_h is None else of(output.records, estimator, m_h)
-            rounds = sorted({r["round"] for r in recs})
-            if not rounds:
-                continue
-            med = [_median([r["return"] for r in recs if r["round"] == k]) for k in rounds]
-            if m_h is None:
-                style = dict(color="tab:green", ls="--", label="first order")
-            else:
-                i = m_hs.index(m_h)
-                if len(estimators) == 1:
-                    style = dict(color=cmap(i / max(1, len(m_hs) - 1)), label=f"exact, $m_h$={m_h}")
-                else:
-                    style = dict(color=colors.get(estimator, "tab:blue"), ls=dashes[i % len(dashes)],
-                                 label=f"{estimator}, $m_h$={m_h}")
-            ax.plot(rounds, med, marker="o", ms=3, **style)
-        ax.set_xlabel("communication round")
-        ax.set_ylabel("median post-adaptation return")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        curves = out_dir / "curvature_curves.png"
-        fig.savefig(curves, dpi=130)
-        plt.close(fig)
-        return [path, curves]
+        return curvature_figures(output.records, out_dir, PAPER_CURVATURE)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -775,7 +685,7 @@ class FewShotExperiment(Experiment[FewShotConfig]):
         for r in records:
             if r["method"] == method and r.get(key) == value and r.get("round") is None:
                 per_seed.setdefault(r["seed"], []).append(r[metric])
-        return _mean_std([sum(v) / len(v) for v in per_seed.values()])
+        return mean_std([sum(v) / len(v) for v in per_seed.values()])
 
     def _table(self, records, cfg: FewShotConfig) -> list[TableRow]:
         s = self._summary
@@ -810,47 +720,16 @@ class FewShotExperiment(Experiment[FewShotConfig]):
         return rows
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        # the table's seed statistics (mean, std over seeds) at every budget the records have
         recs = [r for r in output.records if r.get("round") is None]
-
-        def figure(metric: str, fname: str, ylabel: str) -> Path:
-            fig, ax = plt.subplots(figsize=(5.4, 3.6))
-            for method, key, color, label in (("meta_init", "m_adapt", "tab:blue", "meta-init + one PG step"),
-                                              ("from_scratch", "budget", "tab:orange", "from scratch (PG, batch 20)")):
-                xs = sorted({r[key] for r in recs if r["method"] == method})
-                stats = [self._summary(recs, method, key, x, metric) for x in xs]
-                mean = torch.tensor([m for m, _ in stats])
-                std = torch.tensor([sd for _, sd in stats])
-                ax.plot(xs, mean, marker="o", color=color, label=label)
-                ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2)
-            rnd = self._summary(recs, "random", "budget", 0, metric)
-            ax.axhline(rnd[0], color="gray", ls=":", label=f"random policy ({rnd[0]:.2f})")
-            paper = PAPER_FEWSHOT_POINTS[metric]
-            ax.scatter([x for x, _ in paper], [y for _, y in paper], marker="x", s=40, color="black", zorder=4,
-                       label="paper (reported values)")
-            ax.set_xscale("symlog", linthresh=20)
-            ticks = [0, 20, 50, 100, 200, 500, 1000, 2000, 4000]
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([str(t) for t in ticks], fontsize=7)
-            ax.set_xlim(-2, 4600)
-            ax.set_xlabel("adaptation trajectories on the held-out agent")
-            ax.set_ylabel(ylabel)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            path = out_dir / fname
-            fig.savefig(path, dpi=130)
-            plt.close(fig)
-            return path
-
-        # the two figures are independent: with workers > 1 the second is drawn in a forked child
-        return run_forked([functools.partial(figure, "return", "fewshot_return.png", "held-out return (γ=0.9)"),
-                           functools.partial(figure, "success", "fewshot_success.png", "held-out success rate")],
-                          int(output.settings.get("workers", 1)))
+        summary = {}
+        for metric in ("return", "success"):
+            summary[metric] = {
+                method: [(x, *self._summary(recs, method, key, x, metric)) for x in sorted({r[key] for r in recs if r["method"] == method})]
+                for method, key in (("meta_init", "m_adapt"), ("from_scratch", "budget"))
+            }
+            summary[metric]["random"] = [(0, *self._summary(recs, "random", "budget", 0, metric))]
+        return fewshot_figures(summary, out_dir, PAPER_FEWSHOT_POINTS, int(output.settings.get("workers", 1)))
 
 
 def meta_train_first_order(policy, seeds: torch.Tensor, cfg: MetaTrainingConfig, progress: bool, desc: str,
@@ -1072,9 +951,9 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
             label = "zero-shot" if m == 0 else f"after one step of {m} traj."
             table.append(TableRow(f"held-out return, {label}", PAPER_FEWSHOT["zero_shot_return"] if m == 0 else
                                   (PAPER_FEWSHOT["return_200"] if m == 200 else None),
-                                  *_mean_std(ret[c].mean(-1).tolist())))
+                                  *mean_std(ret[c].mean(-1).tolist())))
             table.append(TableRow(f"held-out success, {label}", PAPER_FEWSHOT["zero_shot_success"] if m == 0 else None,
-                                  *_mean_std(succ[c].mean(-1).tolist())))
+                                  *mean_std(succ[c].mean(-1).tolist())))
         drawn_rate = drawn_success[:, 0].float().mean(-1).mean(-1).tolist()
         notes = [
             f"The figure draws {cfg.n_drawn} rollouts per held-out goal for seed 0, before and after one PG step "
@@ -1087,97 +966,4 @@ class RolloutsExperiment(Experiment[RolloutsConfig]):
                                           "kernels": resolve_kernels(cfg.kernels, device)})
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        drawn = [r for r in output.records if "drawn" in r]
-        counts = sorted({r["m_adapt"] for r in drawn})
-        goals = sorted({r["goal"] for r in drawn})
-        n = max(r["drawn"] for r in drawn) + 1
-        pos = [[[None] * n for _ in goals] for _ in counts]
-        ok = [[[False] * n for _ in goals] for _ in counts]
-        for r in drawn:
-            c = counts.index(r["m_adapt"])
-            pos[c][r["goal"]][r["drawn"]] = r["path"]
-            ok[c][r["goal"]][r["drawn"]] = bool(r["success"])
-        heldout, train = ARC_NAVIGATION.heldout_tasks, ARC_NAVIGATION.train_tasks
-        info = {
-            "positions": pos,
-            "success": ok,
-            "goals": [t.goal.tolist() for t in heldout],
-            "train_goals": [t.goal.tolist() for t in train],
-            "radius": float(heldout[0].goal_radius),
-            "m_adapt": counts[-1],
-        }
-        # the table's success rates of the drawn seed, so that each panel also shows the evaluation count
-        evaluated = [r for r in output.records if "drawn" not in r and r["seed"] == 0]
-        if "eval_trajectories" in output.settings and len(evaluated) == len(counts) * len(goals):
-            rate = {(r["m_adapt"], r["goal"]): r["success"] for r in evaluated}
-            info["eval_success"] = [[rate[m, j] for j in goals] for m in counts]
-            info["eval_trajectories"] = output.settings["eval_trajectories"]
-        path = out_dir / "rollouts.png"
-        draw_arc_rollouts(info, path)
-        return [path]
-
-
-def draw_arc_rollouts(drawn: dict[str, Any], path: Path, titles: Sequence[str] | None = None) -> Path:
-    """Draw held-out rollouts before (top row) and after adaptation (bottom row), one column per goal.
-
-    Each panel's title counts the drawn rollouts that reach the goal region (``k of n drawn``)
-    and, when ``drawn`` has ``eval_success``, the success rate over the evaluation rollouts of the
-    printed table, so that the panel and the table are not read as the same count.
-
-    :param drawn: ``positions`` ``[2, goals, n, T, 2]``, ``success`` ``[2, goals, n]``, ``goals``,
-        ``train_goals``, ``radius`` and ``m_adapt``; optionally ``eval_success`` ``[2, goals]``
-        (success rates) with ``eval_trajectories`` (the rollouts they are counted over)
-    :param path: the PNG to write
-    :param titles: the two rows' titles (default: zero-shot, after one PG step of ``m_adapt`` traj.)
-    :return: ``path``
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Circle
-
-    pos = torch.tensor(drawn["positions"])
-    success = torch.tensor(drawn["success"])
-    n_phase, n_goals, n_drawn = pos.shape[0], pos.shape[1], pos.shape[2]
-    eval_success = drawn.get("eval_success")
-    fig, axes = plt.subplots(n_phase, n_goals, figsize=(3.2 * n_goals, 3.3 * n_phase), squeeze=False)
-    arc = torch.linspace(-0.5, 0.5, 100)
-    titles = titles or ["zero-shot (meta-init)", f"after one PG step of {drawn['m_adapt']} traj."]
-    ticks = [-1.0, -0.5, 0.0, 0.5, 1.0]
-    for p in range(n_phase):
-        for j in range(n_goals):
-            ax = axes[p][j]
-            ax.plot(0.8 * torch.cos(arc), 0.8 * torch.sin(arc), color="0.6", lw=1, ls="--")
-            for g in drawn["train_goals"]:
-                ax.scatter(g[0], g[1], s=30, marker="+", color="0.35", zorder=2)
-            ax.add_patch(Circle(drawn["goals"][j], drawn["radius"], color="tab:green", alpha=0.35, zorder=1))
-            for k in range(n_drawn):
-                xy = pos[p, j, k]
-                color = "tab:blue" if bool(success[p, j, k]) else "tab:red"
-                ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1.0, alpha=0.75)
-                ax.scatter(xy[0, 0], xy[0, 1], s=12, color=color, marker="o", zorder=3)
-                ax.scatter(xy[-1, 0], xy[-1, 1], s=16, color=color, marker="x", zorder=3)
-            ax.set_xlim(-1.02, 1.02)
-            ax.set_ylim(-1.02, 1.02)
-            ax.set_aspect("equal")
-            # the arena's own coordinates: the box [-1, 1]² in which positions live
-            ax.set_xticks(ticks)
-            ax.set_yticks(ticks)
-            ax.tick_params(labelsize=6)
-            ax.set_xlabel("x (arena units)", fontsize=7)
-            ax.set_ylabel("y (arena units)", fontsize=7)
-            ax.grid(alpha=0.15)
-            reached = int(success[p, j].sum())
-            count = f"{reached} of {n_drawn} drawn rollouts reach the goal"
-            if eval_success is not None:
-                count += f"\n{float(eval_success[p][j]):.0%} of {drawn['eval_trajectories']} evaluation rollouts"
-            ax.set_title(f"held-out goal {j}: {titles[p]}\n{count}", fontsize=7)
-    fig.text(0.5, 0.005, "• start, × last position; blue: reaches the goal region, red: does not; "
-             "+: training goals; green disc: the held-out goal region", ha="center", fontsize=7)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
+        return rollouts_figures(output.records, output.settings, out_dir)

@@ -40,20 +40,18 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+    mean_std,
     progress_bar,
 )
+from fedrl_algos.reproduce.plots.partial import partial_figures
 from fedrl_algos.reproduce.tabular import (
     CPU_THREADS,
     LABELS,
     METHODS,
     TRAIN_DTYPE,
     TabularConfig,
-    _band,
     _estimator,
     _evaluate,
-    _mean_std,
-    _pyplot,
-    _save,
     _seed_list,
 )
 from fedrl_envs import GRIDWORLD, params_to, stack_params
@@ -258,7 +256,7 @@ class PartialExperiment(Experiment):
         by_key = {(res["method"], res["agents_per_round"], res["control_variates"]): res for res in results}
         for res in results:
             m, r, cv = res["method"], res["agents_per_round"], res["control_variates"]
-            table.append(TableRow(f"F after K={cfg.rounds} rounds, {LABELS[m]}, {_label(r, n, cv)}", None, *_mean_std(res["F"][-1]),
+            table.append(TableRow(f"F after K={cfg.rounds} rounds, {LABELS[m]}, {_label(r, n, cv)}", None, *mean_std(res["F"][-1]),
                                   f"wall time per round {1e3 * statistics.median(res['round_s']):.1f} ms ({len(seed_list)} seeds batched)"))
         # Equal total trajectories: full participation after K·r/n rounds spends what r agents spend in K rounds.
         k_match = cfg.rounds * r_small // n
@@ -269,14 +267,14 @@ class PartialExperiment(Experiment):
                     gap = part["F"][-1] - full["F"][k_match]
                     table.append(TableRow(
                         f"matched total budget, {LABELS[m]}{', SCAFFOLD' if cv else ''}: F(r={r_small}, K={cfg.rounds}) − F(r=n, K={k_match})",
-                        None, *_mean_std(gap), f"F(r=n, round {k_match}) = {float(full['F'][k_match].mean()):.3f}; both spent "
+                        None, *mean_std(gap), f"F(r=n, round {k_match}) = {float(full['F'][k_match].mean()):.3f}; both spent "
                         f"{cfg.rounds * r_small * cfg.tau * per_step(m)} trajectories in all"))
         for m in cfg.methods:
             for r in sorted({n, r_small}, reverse=True):
                 if (m, r, False) in by_key and (m, r, True) in by_key:
                     gain = by_key[(m, r, True)]["F"][-1] - by_key[(m, r, False)]["F"][-1]
                     table.append(TableRow(f"SCAFFOLD − plain, F after K={cfg.rounds}, {LABELS[m]}, {_label(r, n, False)}", None,
-                                          *_mean_std(gain), "paired by seed"))
+                                          *mean_std(gain), "paired by seed"))
         for m in cfg.methods:
             if (m, n, False) in by_key and (m, r_small, False) in by_key and r_small < n:
                 ratio = by_key[(m, r_small, False)]["words"] / by_key[(m, n, False)]["words"]
@@ -308,51 +306,4 @@ class PartialExperiment(Experiment):
         return ExperimentOutput(records, table, settings, notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        plt = _pyplot()
-        curves: dict[tuple[str, int, bool], dict[tuple[int, int], tuple[float, float]]] = {}
-        for rec in output.records:
-            if rec["kind"] == "curve":
-                curves.setdefault((rec["method"], rec["agents_per_round"], rec["control_variates"]), {})[(rec["round"], rec["seed"])] = (
-                    rec["trajectories_total"], rec["F"])
-        n = int(output.settings["n_agents"])
-        methods = [m for m in METHODS if any(key[0] == m for key in curves)]
-        paths = []
-        for axis, fname, xlabel in (("round", "partial_rounds.png", "communication round"),
-                                    ("total", "partial_trajectories.png", "trajectories, all agents together")):
-            fig, axes = plt.subplots(1, len(methods), figsize=(4.6 * len(methods), 3.8), sharey=True, squeeze=False)
-            for ax, m in zip(axes[0], methods):
-                for (mm, r, cv), cells in sorted(curves.items()):
-                    if mm != m:
-                        continue
-                    rounds = sorted({k for k, _ in cells})
-                    seeds = sorted({s for _, s in cells})
-                    y = torch.tensor([[cells[(k, s)][1] for s in seeds] for k in rounds], dtype=torch.float64)
-                    x = torch.tensor(rounds if axis == "round" else [cells[(k, seeds[0])][0] for k in rounds], dtype=torch.float64)
-                    color = "tab:blue" if r == n else "tab:red"
-                    _band(ax, x, y, color, _label(r, n, cv), dashed=cv)
-                ax.set_title(LABELS[m], fontsize=10)
-                ax.set_xlabel(xlabel)
-                ax.grid(alpha=0.3)
-            axes[0][0].set_ylabel("exact F")
-            axes[0][0].legend(fontsize=7, loc="lower right")
-            fig.suptitle("Partial participation on the gridworld (dashed: SCAFFOLD control variates)")
-            paths.append(_save(fig, out_dir / fname))
-        timing = [rec for rec in output.records if rec["kind"] == "timing"]
-        frac = int(output.settings.get("fraction", 4))
-        if timing:
-            groups = sorted({(rec["n_agents"], rec["runs"]) for rec in timing})
-            fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(groups), 3.8))
-            width = 0.27
-            for j, path in enumerate(PATHS):
-                values = [1e3 * next(rec["round_s_median"] for rec in timing if (rec["n_agents"], rec["runs"], rec["path"]) == g + (path,))
-                          for g in groups]
-                ax.bar([i + (j - 1) * width for i in range(len(groups))], values, width,
-                       label={"full": "r = n", "subset": f"r = n/{frac}, sampled only", "masked": f"r = n/{frac}, masked (previous)"}[path],
-                       color=("tab:blue", "tab:red", "tab:gray")[j])
-            ax.set_xticks(range(len(groups)), [f"n={na}, {runs} run(s)" for na, runs in groups], fontsize=8)
-            ax.set_ylabel("wall time per round (ms)")
-            ax.set_title("Wall time per round (median)")
-            ax.legend(fontsize=7)
-            ax.grid(alpha=0.3, axis="y")
-            paths.append(_save(fig, out_dir / "partial_wall_time.png"))
-        return paths
+        return partial_figures(output.records, output.settings, out_dir, LABELS, _label, PATHS)

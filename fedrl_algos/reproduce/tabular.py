@@ -51,9 +51,11 @@ from fedrl_algos.reproduce.common import (
     TableRow,
     WallTimeEstimate,
     linear_estimate,
+    mean_std,
     progress_bar,
 )
 from fedrl_algos.reproduce.parallel import DEFAULT_WORKERS, balanced_groups, can_fork, check_workers, run_forked
+from fedrl_algos.reproduce.plots.tabular import alpha_figures, personalization_figures
 from fedrl_envs import GRIDWORLD, params_to, stack_params
 from fedrl_envs.threads import intra_op_threads
 
@@ -74,9 +76,8 @@ __all__ = [
 
 #: the methods, in the order of every table and figure
 METHODS = ("exact", "first_order", "fedavg")
-#: display names
+#: display names, in the order of METHODS (the figures draw the methods in this order)
 LABELS = {"exact": "Per-FedAvg-PG (exact)", "first_order": "Per-FedAvg-PG (first-order)", "fedavg": "FedAvg-PG"}
-COLORS = {"exact": "tab:blue", "first_order": "tab:orange", "fedavg": "tab:green"}
 #: the α sweep of figure 1 (right)
 ALPHAS = (0.0, 0.25, 0.5, 1.0, 2.0, 3.0)
 #: dtype of the training program (the exact evaluation is always float64)
@@ -378,12 +379,6 @@ def tabular_records(experiment: str, results: dict[str, TabularResult]) -> list[
     return records
 
 
-def _mean_std(x: torch.Tensor) -> tuple[float, float]:
-    """Mean and population standard deviation over the last axis (the seeds)."""
-    x = x.to(torch.float64)
-    return float(x.mean()), float(x.std(unbiased=False)) if x.numel() > 1 else 0.0
-
-
 def _uniform_values(cfg: TabularConfig, alpha: float) -> tuple[float, float]:
     """Exact (F, f) of the uniform-random policy θ = 0."""
     evaluator = TabularEvaluator(GRIDWORLD, gamma=cfg.gamma)
@@ -465,7 +460,7 @@ class PersonalizationExperiment(Experiment):
         records = tabular_records(self.name, results)
         paper = PAPER["personalization"]
         table: list[TableRow] = []
-        final = {m: _mean_std(r.F[-1, 0]) for m, r in results.items()}
+        final = {m: mean_std(r.F[-1, 0]) for m, r in results.items()}
         for m in METHODS:
             if m in final:
                 table.append(TableRow(f"F after K={cfg.rounds} rounds, {LABELS[m]}", paper["F"][m], *final[m], "mean over seeds"))
@@ -484,19 +479,19 @@ class PersonalizationExperiment(Experiment):
                 TableRow(
                     "f (before adaptation) of the exact variant's initialization",
                     paper["f_exact"],
-                    *_mean_std(results["exact"].f[-1, 0]),
+                    *mean_std(results["exact"].f[-1, 0]),
                     "F − f is the value of the single local adaptation step",
                 )
             )
         for m in ("first_order", "fedavg"):
             if m in results:
-                table.append(TableRow(f"f (before adaptation), {LABELS[m]}", None, *_mean_std(results[m].f[-1, 0])))
+                table.append(TableRow(f"f (before adaptation), {LABELS[m]}", None, *mean_std(results[m].f[-1, 0])))
         budget = paper["budget"]
         for m in ("first_order", "exact"):
             if m in results:
                 values, how = _value_at_budget(results[m], budget)
                 table.append(
-                    TableRow(f"F at the matched budget of {budget} trajectories per agent, {LABELS[m]}", paper["F_at_budget"][m], *_mean_std(values), how)
+                    TableRow(f"F at the matched budget of {budget} trajectories per agent, {LABELS[m]}", paper["F_at_budget"][m], *mean_std(values), how)
                 )
         if all(m in results for m in METHODS):
             means = torch.stack([results[m].F[1:, 0].mean(-1) for m in METHODS])  # [3, K]
@@ -520,44 +515,8 @@ class PersonalizationExperiment(Experiment):
         return ExperimentOutput(records, table, _settings(cfg, seed_list, [cfg.alpha], device), notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        plt = _pyplot()
-        curves = _curves(output.records)
         uniform = next((r.ours for r in output.table if r.quantity.startswith("uniform-random")), None)
-        paths = []
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for m in METHODS:
-            if (m, None) not in curves:
-                continue
-            c = curves[(m, None)]
-            _band(ax, c["trajectories"], c["F"], COLORS[m], LABELS[m] + " — F")
-            if m == "exact":
-                _band(ax, c["trajectories"], c["f"], COLORS[m], LABELS[m] + " — f (before adaptation)", dashed=True)
-        if isinstance(uniform, float):
-            ax.axhline(uniform, color="gray", lw=0.8, ls=":", label="uniform-random policy")
-        budget = PAPER["personalization"]["budget"]
-        if any(r["trajectories"] >= budget for r in output.records):
-            ax.axvline(budget, color="black", lw=0.8, ls=":", label=f"matched budget ({budget} trajectories)")
-        ax.set_xlabel("trajectories per agent")
-        ax.set_ylabel("exact objective")
-        ax.set_title("Tabular personalization (fig. 1 left)")
-        ax.legend(fontsize=8, loc="lower right")
-        ax.grid(alpha=0.3)
-        paths.append(_save(fig, out_dir / "fig1_left_trajectories.png"))
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for m in METHODS:
-            if (m, None) not in curves:
-                continue
-            c = curves[(m, None)]
-            _band(ax, c["round"], c["F"], COLORS[m], LABELS[m] + " — F")
-            if m == "exact":
-                _band(ax, c["round"], c["f"], COLORS[m], LABELS[m] + " — f (before adaptation)", dashed=True)
-        ax.set_xlabel("communication round")
-        ax.set_ylabel("exact objective")
-        ax.set_title("Tabular personalization against rounds (fig. 6)")
-        ax.legend(fontsize=8, loc="lower right")
-        ax.grid(alpha=0.3)
-        paths.append(_save(fig, out_dir / "fig6_rounds.png"))
-        return paths
+        return personalization_figures(output.records, out_dir, LABELS, uniform, PAPER["personalization"]["budget"])
 
 
 class AlphaExperiment(Experiment):
@@ -586,7 +545,7 @@ class AlphaExperiment(Experiment):
             for m in METHODS:
                 if m in results:
                     p = paper.get(alpha, {}).get(m)
-                    table.append(TableRow(f"F after K={cfg.rounds}, α={alpha:g}, {LABELS[m]}", p, *_mean_std(results[m].F[-1, a])))
+                    table.append(TableRow(f"F after K={cfg.rounds}, α={alpha:g}, {LABELS[m]}", p, *mean_std(results[m].F[-1, a])))
         if all(m in results for m in METHODS):
             final = torch.stack([results[m].F[-1].mean(-1) for m in METHODS])  # [3, n_alpha]
             if 0.0 in alphas:  # Proposition 3 is a statement about α = 0 only
@@ -611,98 +570,4 @@ class AlphaExperiment(Experiment):
         return ExperimentOutput(records, table, _settings(cfg, seed_list, list(alphas), device), notes)
 
     def plot(self, output: ExperimentOutput, out_dir: Path) -> list[Path]:
-        plt = _pyplot()
-        curves = _curves(output.records, by_alpha=True)
-        last = max(r["round"] for r in output.records)
-        # the two figures are independent: with workers > 1 the second is drawn in a forked child
-        figures = [functools.partial(_alpha_final_figure, plt, curves, last, out_dir),
-                   functools.partial(_alpha_rounds_figure, plt, curves, out_dir)]
-        return run_forked(figures, int(output.settings.get("workers", 1)))
-
-
-def _alpha_final_figure(plt, curves: dict, last: int, out_dir: Path) -> Path:
-    """Figure 1 (right): final F against α, mean ± std over seeds."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for m in METHODS:
-        alphas = sorted(a for (mm, a) in curves if mm == m)
-        if not alphas:
-            continue
-        finals = torch.stack([curves[(m, a)]["F"][-1] for a in alphas])  # [n_alpha, seeds]
-        mean, std = finals.mean(-1), finals.std(-1, unbiased=False)
-        ax.errorbar(alphas, mean, yerr=std, marker="o", capsize=3, color=COLORS[m], label=LABELS[m])
-        ax.fill_between(alphas, mean - std, mean + std, color=COLORS[m], alpha=0.15)
-    ax.set_xlabel("adaptation step size α")
-    ax.set_ylabel(f"exact F after K={last} rounds")
-    ax.set_title("Effect of α (fig. 1 right)")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(alpha=0.3)
-    return _save(fig, out_dir / "fig1_right_alpha.png")
-
-
-def _alpha_rounds_figure(plt, curves: dict, out_dir: Path) -> Path:
-    """F against rounds, one panel per α."""
-    alphas = sorted({a for (_, a) in curves})
-    cols = min(3, len(alphas))
-    rows = math.ceil(len(alphas) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), sharex=True, sharey=True, squeeze=False)
-    for i, alpha in enumerate(alphas):
-        ax = axes[i // cols][i % cols]
-        for m in METHODS:
-            if (m, alpha) in curves:
-                c = curves[(m, alpha)]
-                _band(ax, c["round"], c["F"], COLORS[m], LABELS[m])
-        ax.set_title(f"α = {alpha:g}", fontsize=10)
-        ax.grid(alpha=0.3)
-    for ax in axes[-1]:
-        ax.set_xlabel("communication round")
-    for row in axes:
-        row[0].set_ylabel("exact F")
-    axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.suptitle("F against rounds for every α")
-    return _save(fig, out_dir / "alpha_rounds.png")
-
-
-# --- plotting helpers ---------------------------------------------------------------------------
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _curves(records: list[dict[str, Any]], by_alpha: bool = False) -> dict[tuple[str, float | None], dict[str, torch.Tensor]]:
-    """Records → per (method, α) tensors ``round [K+1]``, ``trajectories [K+1]``, ``F``/``f [K+1, seeds]``."""
-    groups: dict[tuple[str, float | None], dict[tuple[int, int], tuple[int, float, float]]] = {}
-    for r in records:
-        key = (r["method"], r["alpha"] if by_alpha else None)
-        groups.setdefault(key, {})[(r["round"], r["seed"])] = (r["trajectories"], r["F"], r["f"])
-    out = {}
-    for key, cells in groups.items():
-        rounds = sorted({k for k, _ in cells})
-        seeds = sorted({s for _, s in cells})
-        out[key] = {
-            "round": torch.tensor(rounds, dtype=torch.float64),
-            "trajectories": torch.tensor([cells[(k, seeds[0])][0] for k in rounds], dtype=torch.float64),
-            "F": torch.tensor([[cells[(k, s)][1] for s in seeds] for k in rounds], dtype=torch.float64),
-            "f": torch.tensor([[cells[(k, s)][2] for s in seeds] for k in rounds], dtype=torch.float64),
-        }
-    return out
-
-
-def _band(ax, x: torch.Tensor, y: torch.Tensor, color: str, label: str, dashed: bool = False) -> None:
-    """Seed mean with a ± 1 standard deviation band."""
-    mean, std = y.mean(-1), y.std(-1, unbiased=False)
-    ax.plot(x, mean, color=color, ls="--" if dashed else "-", lw=1.6, label=label)
-    ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.12 if dashed else 0.2, lw=0)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
-
+        return alpha_figures(output.records, out_dir, LABELS, int(output.settings.get("workers", 1)))
