@@ -8,9 +8,10 @@ pytest.importorskip("numba")
 
 from fedrl_algos.core.curvature import CURVATURES, curvature_hvp, curvature_vector_product, curvature_weights  # noqa: E402
 from fedrl_algos.core.trajectories import Trajectories  # noqa: E402
-from fedrl_algos.policies import FastMlpPolicy, mlp_compiled_hvp  # noqa: E402
-from fedrl_algos.policies.mlp_compiled_hvp import compiled_hvp, compiled_hvp_applies  # noqa: E402
-from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_rollout  # noqa: E402
+from fedrl_algos.policies import FastMlpPolicy  # noqa: E402
+from fedrl_algos.policies.mlp import compiled_hvp as mlp_compiled_hvp  # noqa: E402
+from fedrl_algos.policies.mlp.compiled_hvp import compiled_hvp, compiled_hvp_applies  # noqa: E402
+from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_rollout  # noqa: E402
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, RandomStreams, derive_keys, stack_params  # noqa: E402
 
 

@@ -9,8 +9,9 @@ import torch
 pytest.importorskip("numba")
 
 from fedrl_algos.core.estimators import autograd_score_gradient, policy_gradient, reward_to_go_weights  # noqa: E402
-from fedrl_algos.policies import FastMlpPolicy, mlp_compiled  # noqa: E402
-from fedrl_algos.policies.mlp_kernels import mlp_rollout  # noqa: E402
+from fedrl_algos.policies import FastMlpPolicy  # noqa: E402
+from fedrl_algos.policies.mlp import compiled as mlp_compiled  # noqa: E402
+from fedrl_algos.policies.mlp.kernels import mlp_rollout  # noqa: E402
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, RandomStreams, derive_keys, stack_params  # noqa: E402
 from fedrl_envs.arc_navigation import ArcNavigationFamily, _compiled_row_transition  # noqa: E402
 
@@ -157,7 +158,7 @@ def test_a_policy_gradient_step_through_the_estimator_uses_the_compiled_kernel(m
     traj, _ = _rollouts(theta, m=5, kernels=("numba",))["numba"]
     calls = []
     real = mlp_compiled.compiled_policy_gradient
-    monkeypatch.setattr("fedrl_algos.policies.mlp_kernels.compiled_policy_gradient",
+    monkeypatch.setattr("fedrl_algos.policies.mlp.kernels.compiled_policy_gradient",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     grad = policy_gradient(policy, theta, traj, 0.9)
     assert calls and torch.equal(grad, real(policy, theta, traj, _weights(traj)))

@@ -16,7 +16,7 @@ from fedrl_algos.core import (
 )
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, MlpPolicy, is_softmax_mlp
-from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_sample
+from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_sample
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, stack_params
 
 GAMMA = 0.9

@@ -32,7 +32,7 @@ from gymnasium import spaces
 from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
-from fedrl_algos.policies.mlp_compiled import check_kernels
+from fedrl_algos.policies.mlp.compiled import check_kernels
 from fedrl_algos.policies.tabular_compiled import (
     compiled_softmax,
     compiled_softmax_applies,

@@ -52,8 +52,8 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
-from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
-from fedrl_algos.policies.mlp_kernels import mlp_rollout
+from fedrl_algos.policies.mlp.compiled import check_kernels, resolve_kernels
+from fedrl_algos.policies.mlp.kernels import mlp_rollout
 from fedrl_algos.reproduce.common import (
     Experiment,
     ExperimentOutput,
@@ -205,7 +205,7 @@ class MetaTrainingConfig(FederatedTrainingConfig):
     """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
     kernels: str = "auto"
     """the arc policy's kernels: ``"numba"`` (compiled rollouts and policy gradients on the CPU,
-    :mod:`fedrl_algos.policies.mlp_compiled`), ``"torch"``, or ``"auto"`` (``"numba"`` on a CPU with
+    :mod:`fedrl_algos.policies.mlp.compiled`), ``"torch"``, or ``"auto"`` (``"numba"`` on a CPU with
     Numba installed); the two give statistically the same results, not bitwise the same numbers"""
     workers: int = DEFAULT_WORKERS
     """parts of the program run at once on CPU (:mod:`fedrl_algos.reproduce.parallel`): curvature's

@@ -42,7 +42,7 @@ from fedrl_algos.core.federation import Federation
 from fedrl_algos.exact import TabularEvaluator
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.policies import TabularPolicy
-from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
+from fedrl_algos.policies.mlp.compiled import check_kernels, resolve_kernels
 from fedrl_algos.reproduce.common import (
     Experiment,
     ExperimentOutput,

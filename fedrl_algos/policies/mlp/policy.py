@@ -1,9 +1,11 @@
-"""Multilayer perceptron policies: softmax (``Discrete``) or Gaussian (``Box``) heads over flat θ.
+"""The multilayer perceptron policies :class:`MlpPolicy` and :class:`FastMlpPolicy` (θ's layout: the package docstring).
 
-Layout of θ: per layer ``W`` (``[in, out]``, row-major) then ``b`` (``[out]``), layers in order,
-then (Gaussian head) the ``log_std`` vector. The paper's arc-navigation network 2 → 32 tanh → 8 has
-``d = 2·32 + 32 + 32·8 + 8 = 360``; for it the policy gradient and the Hessian-vector product are
-closed forms (:mod:`fedrl_algos.policies.mlp_kernels`).
+For the paper's softmax network the policy gradient and the Hessian-vector product are closed forms
+(:mod:`fedrl_algos.policies.mlp.kernels`).
+
+The classes are known by the package's name, ``fedrl_algos.policies.mlp`` (their ``__module__``),
+where they are imported from and what model files saved before this module moved record as their
+class path (``fedrl_algos.common.model_file.class_path``): those files load, and pickles of them too.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
-from fedrl_algos.policies.mlp_compiled import check_kernels
-from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
+from fedrl_algos.policies.mlp.compiled import check_kernels
+from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
 
-# The activations known by name; their functions are what the closed forms of mlp_kernels assume.
+#: the classes' module as saved model files and pickles name it: the package, not this module
+_PUBLIC_MODULE = "fedrl_algos.policies.mlp"
+
+# The activations known by name; their functions are what the closed forms of .kernels assume.
 _NAMED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
 _ACTIVATION_NAMES: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 
@@ -104,6 +109,8 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         ``Box``'s bounds, which must be finite); ``Box`` actions only
     :param dtype: parameter dtype
     """
+
+    __module__ = _PUBLIC_MODULE
 
     def __init__(
         self,
@@ -199,7 +206,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     @property
     def is_softmax_mlp(self) -> bool:
         """Whether this is the paper's network: ``Discrete`` actions and one ``tanh`` hidden layer
-        (then :meth:`score_gradient` and :meth:`hvp` are closed forms, :mod:`.mlp_kernels`)."""
+        (then :meth:`score_gradient` and :meth:`hvp` are closed forms, :mod:`.kernels`)."""
         return not self.gaussian and not self.one_hot_observations and len(self.sizes) == 3 and self.activation_name == "tanh"
 
     def score_gradient(self, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> torch.Tensor:
@@ -242,19 +249,19 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
 
 
 class FastMlpPolicy(MlpPolicy):
-    """:class:`MlpPolicy` whose sampling uses the fused kernels of :mod:`.mlp_kernels`.
+    """:class:`MlpPolicy` whose sampling uses the fused kernels of :mod:`.kernels`.
 
     Same parameters, initialization, ``log_prob`` and save format; for the paper's softmax MLP
-    (discrete actions, one tanh hidden layer) ``sample`` is :func:`~.mlp_kernels.mlp_sample` and
-    rollouts through a family's kernels are :func:`~.mlp_kernels.mlp_rollout` (same random numbers,
+    (discrete actions, one tanh hidden layer) ``sample`` is :func:`~.kernels.mlp_sample` and
+    rollouts through a family's kernels are :func:`~.kernels.mlp_rollout` (same random numbers,
     same rule, about 5× faster on CPU for large batches). Its draws agree with
     :meth:`MlpPolicy.sample` except where a uniform falls within rounding error of a CDF boundary,
     so runs with the two policies are not bitwise comparable.
 
     ``kernels="numba"`` (``pip install "fedrl[fast]"``) runs the rollouts through a family with a
     compiled transition (arc navigation) and the policy gradients as compiled loops on the CPU
-    (:mod:`.mlp_compiled`: rollouts 3×, gradients 2.3× faster at the neural experiments' batches; the
-    curvature products, :mod:`.mlp_compiled_hvp`, 1.7–2.3×; reproducible, not bitwise
+    (:mod:`.compiled`: rollouts 3×, gradients 2.3× faster at the neural experiments' batches; the
+    curvature products, :mod:`.compiled_hvp`, 1.7–2.3×; reproducible, not bitwise
     the torch kernels' numbers); ``"auto"`` is ``"numba"`` where Numba is installed. Elsewhere (CUDA,
     float64, other families, gradients through θ) the torch kernels run.
 
@@ -262,6 +269,8 @@ class FastMlpPolicy(MlpPolicy):
     :param kernels: ``"torch"`` (default), ``"numba"`` or ``"auto"``
     :param kwargs: as :class:`MlpPolicy`
     """
+
+    __module__ = _PUBLIC_MODULE
 
     def __init__(self, *args: Any, kernels: str = "torch", **kwargs: Any) -> None:
         self.kernels = check_kernels(kernels)
@@ -279,7 +288,7 @@ class FastMlpPolicy(MlpPolicy):
         return mlp_sample(self, theta, obs, streams)
 
     def kernel_rollout_plan(self, family: Any, params: Any) -> KernelRolloutPlan | None:
-        """:func:`~.mlp_kernels.mlp_rollout` for the paper's network (not with early stopping)."""
+        """:func:`~.kernels.mlp_rollout` for the paper's network (not with early stopping)."""
         if not self.is_softmax_mlp:
             return None
 

@@ -1,13 +1,13 @@
 """Compiled rollouts and policy gradients of the paper's softmax MLP: ``FastMlpPolicy(kernels="numba")``.
 
-On the CPU a rollout of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` costs about 30 torch
+On the CPU a rollout of :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout` costs about 30 torch
 operations a time step, and at the batches of the neural experiments (60 rows × 10 trajectories)
 each of them is a few microseconds of dispatch plus, for the two batched matrix products, one small
 BLAS call per row: about 0.3 ms a time step. Here a time step is four calls, two loops compiled
 by `Numba <https://numba.pydata.org>`_ and torch's vectorized ``sigmoid_`` and ``exp_``:
 
 1. ``σ`` of the hidden pre-activations ``2W1ᵀx + 2b1``, in place (torch);
-2. the logits in the σ form of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`,
+2. the logits in the σ form of :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout`,
    ``(2W2)ᵀσ + (b2 − W2ᵀ1)``, less their maximum (compiled);
 3. ``exp`` in place (torch);
 4. one compiled pass that draws every action by the same inverse-CDF rule from the same uniforms,
@@ -37,7 +37,7 @@ error of a CDF boundary may differ, and the trajectories part from there. Runs a
 reproducible (same seed, same bits, on any batch) but not bitwise comparable with
 ``kernels="torch"`` (``tests/test_compiled_mlp.py`` bounds the differences; ``docs/reproduction.md``
 compares the experiments' results). The curvature products (Hessian-vector products) run as
-compiled loops too: :mod:`fedrl_algos.policies.mlp_compiled_hvp`.
+compiled loops too: :mod:`fedrl_algos.policies.mlp.compiled_hvp`.
 
 Numba is optional (``pip install "fedrl[fast]"``); the loops are compiled on first use and cached on
 disk (:func:`fedrl_envs.fused.compile_loop`).
@@ -61,7 +61,7 @@ from fedrl_envs.rng import RandomStreams, uniform32_of_finalizer_input_numpy, un
 __all__ = ["KERNELS", "check_kernels", "resolve_kernels", "compiled_rollout_applies", "compiled_rollout",
            "compiled_gradient_applies", "compiled_policy_gradient", "unpack_weights", "GRADIENT_CHUNK_SAMPLES"]
 
-#: the kernel choices of ``FastMlpPolicy``: ``"torch"`` (:mod:`.mlp_kernels`), ``"numba"`` (this
+#: the kernel choices of ``FastMlpPolicy``: ``"torch"`` (:mod:`.kernels`), ``"numba"`` (this
 #: module, where it applies; the torch kernels elsewhere) and ``"auto"`` (``"numba"`` when Numba is installed)
 KERNELS = ("torch", "numba", "auto")
 #: samples (rows × trajectories × steps) of one tile of the policy gradient: the ``[rows, n, 32]``
@@ -140,7 +140,7 @@ def _as_arrays(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
 def _rollout_weights(policy: Any, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
     """``theta [R, d]`` as the σ-form weights the rollout loops take: ``2W1 [R, i, h]``, ``2b1 [R, h]``,
     ``2W2 [R, h, o]``, ``b2 − W2ᵀ1 [R, o]`` (``tanh z = 2σ(2z) − 1``: the tensors
-    :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` computes)."""
+    :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout` computes)."""
     w1, b1, w2, b2 = unpack_weights(policy, theta)
     return _as_arrays(2.0 * w1, 2.0 * b1, 2.0 * w2, b2 - w2.sum(-2))
 
@@ -156,7 +156,7 @@ def compiled_rollout(
     family: Any, params: Any, policy: Any, theta: torch.Tensor, streams: RandomStreams, n_trajectories: int,
     transition: tuple[Any, tuple[Any, ...]], horizon: int | None = None,
 ) -> Trajectories:
-    """:func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` through the compiled loops (module docstring).
+    """:func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout` through the compiled loops (module docstring).
 
     The same random numbers in the same order (the streams are left in the same state), the same
     reset and sampling rule.
@@ -257,7 +257,7 @@ def compiled_gradient_applies(policy: Any, theta: torch.Tensor, traj: Trajectori
 def compiled_policy_gradient(
     policy: Any, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor, chunk_samples: int | None = None
 ) -> torch.Tensor:
-    """:func:`~fedrl_algos.policies.mlp_kernels.mlp_policy_gradient` through the compiled loops: ``[*B, d]``.
+    """:func:`~fedrl_algos.policies.mlp.kernels.mlp_policy_gradient` through the compiled loops: ``[*B, d]``.
 
     ``(1/m) Σ_ξ Σ_h ∇log π(a_h|s_h) ψ_h``: each sample back-propagated, a trajectory's samples summed
     in float32 in their order, the trajectories' sums in float64, rounded to float32 at the end.
@@ -484,7 +484,7 @@ def _act_and_step(exps, uniforms, t, state, data, r0, m, inputs, obs, actions, r
 
     The action is the number of entries of the unnormalized CDF (cumulative sums of ``exps[:, c]``,
     accumulated in float64 and rounded to float32 as torch's ``cumsum`` does) below ``u·CDF[-1]``,
-    at most the last action: :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`'s rule.
+    at most the last action: :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout`'s rule.
     """
     n_out, n = exps.shape
     n_in = inputs.shape[0]

@@ -1,6 +1,6 @@
 """The curvature product of the paper's softmax MLP as compiled loops: ``FastMlpPolicy(kernels="numba")``.
 
-:func:`compiled_hvp` computes what :func:`~fedrl_algos.policies.mlp_kernels.mlp_hvp` computes,
+:func:`compiled_hvp` computes what :func:`~fedrl_algos.policies.mlp.kernels.mlp_hvp` computes,
 ``(1/m) Σ_ξ [Σ_h ω_h ∇ℓ_h + Σ_h ψ_h ∇²ℓ_h v]`` (the derivation and the signals ``u``, ``q`` are in that
 module's docstring; the couplings ω in :func:`~fedrl_algos.core.curvature.coupled_score_weights`),
 with one pass over the samples instead of about forty torch operations on ``[rows, 32, samples]``
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.policies.mlp_compiled import _plain_float32, compiled_gradient_applies, unpack_weights
+from fedrl_algos.policies.mlp.compiled import _plain_float32, compiled_gradient_applies, unpack_weights
 
 __all__ = ["compiled_hvp", "compiled_hvp_applies", "HVP_TILE_SAMPLES", "HVP_BLOCK_TRAJECTORIES"]
 
@@ -47,7 +47,7 @@ _COUPLING_CODES = {"paper": 0, "lvc": 1, "causal": 2}
 
 def compiled_hvp_applies(policy: Any, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> bool:
     """Whether :func:`compiled_hvp` applies: where the compiled policy gradient applies
-    (:func:`~fedrl_algos.policies.mlp_compiled.compiled_gradient_applies`) with a float32 CPU direction."""
+    (:func:`~fedrl_algos.policies.mlp.compiled.compiled_gradient_applies`) with a float32 CPU direction."""
     return _plain_float32(v.expand_as(theta)) and compiled_gradient_applies(policy, theta, traj, weights)
 
 
@@ -55,7 +55,7 @@ def compiled_hvp(
     policy: Any, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str = "paper",
     tile_samples: int | None = None,
 ) -> torch.Tensor:
-    """:func:`~fedrl_algos.policies.mlp_kernels.mlp_hvp` through the compiled loops: ``[*B, d]``.
+    """:func:`~fedrl_algos.policies.mlp.kernels.mlp_hvp` through the compiled loops: ``[*B, d]``.
 
     :param policy: a discrete MlpPolicy with one tanh hidden layer
     :param theta: parameters ``[*B, d]`` the trajectories were sampled with
@@ -185,7 +185,7 @@ def _curvature(exps, sig, hid, x, actions, psi, mask, w2, v1, c1, v2, c2, seg_ro
     """Add every block's ``Σ_h ω_h ∇ℓ_h + Σ_h ψ_h ∇²ℓ_h v`` to its row of ``total`` (float64, θ's layout
     ``W1 [i, h], b1 [h], W2 [h, o], b2 [o]``). Blocks hold whole trajectories (``steps`` samples each).
 
-    Per sample (``mlp_kernels``' notation): ``p = softmax``, ``g = 1 − h² = 4σ(1 − σ)``,
+    Per sample (the notation of :mod:`.kernels`): ``p = softmax``, ``g = 1 − h² = 4σ(1 − σ)``,
     ``dh = g ⊙ (V1ᵀx + c1)``, ``dl = V2ᵀh + W2ᵀdh + c2 − pᵀ(…)``, ``c = dl_a`` (the directional score),
     ω from the trajectory's ``c`` (coupling 0 paper, 1 lvc, 2 causal), ``δ = e_a − p``,
     ``q = ψδ``, ``u = ωδ − ψ p ⊙ dl``; then ``∇b2 += u``, ``∇W2 += h uᵀ + dh qᵀ``,

@@ -44,14 +44,14 @@ import torch
 
 from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
-from fedrl_algos.policies.mlp_compiled import (
+from fedrl_algos.policies.mlp.compiled import (
     compiled_gradient_applies,
     compiled_policy_gradient,
     compiled_rollout,
     compiled_rollout_applies,
 )
-from fedrl_algos.policies.mlp_compiled import unpack_weights as _unpack
-from fedrl_algos.policies.mlp_compiled_hvp import compiled_hvp, compiled_hvp_applies
+from fedrl_algos.policies.mlp.compiled import unpack_weights as _unpack
+from fedrl_algos.policies.mlp.compiled_hvp import compiled_hvp, compiled_hvp_applies
 from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams
 
@@ -303,7 +303,7 @@ def mlp_hvp(
     result therefore depends only on its own data, not on the rest of the batch.
 
     With ``kernels="numba"`` (float32 on the CPU) the compiled loops of
-    :mod:`~fedrl_algos.policies.mlp_compiled_hvp` compute it instead (the same quantity, rounded differently).
+    :mod:`~fedrl_algos.policies.mlp.compiled_hvp` compute it instead (the same quantity, rounded differently).
     """
     _check(policy)
     if chunk_samples is None and compiled_hvp_applies(policy, theta, traj, v, weights):
