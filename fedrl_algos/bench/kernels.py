@@ -106,6 +106,7 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
     task = ARC_NAVIGATION.train_tasks[0]
     policies = {k: FastMlpPolicy(ARC_NAVIGATION.observation_space(task), ARC_NAVIGATION.action_space(task), kernels=k)
                 for k in ("torch", "numba")}
+    nets = {k: policy.softmax_mlp for k, policy in policies.items()}
     gen = torch.Generator().manual_seed(seed)
     base = policies["torch"].theta.detach()
     theta = base + spread * torch.randn(rows, base.numel(), generator=gen)
@@ -117,7 +118,7 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
     records = []
     for m in trajectories:
         def roll(kernels: str, m: int = m) -> object:
-            return mlp_rollout(ARC_NAVIGATION, params, policies[kernels], theta, RandomStreams(keys), m)
+            return mlp_rollout(ARC_NAVIGATION, params, nets[kernels], theta, RandomStreams(keys), m)
 
         traj = roll("torch")
         rewarded = float((traj.rewards.sum(-1) > 0).double().mean())

@@ -109,7 +109,7 @@ _HELDOUT_STREAM = 1 << 45
 def fast_rollout(family, params, policy, theta: torch.Tensor, streams: RandomStreams, n: int) -> Trajectories:
     """:func:`~fedrl_algos.core.sampling.rollout`, through the fused MLP kernel where it applies (same result)."""
     if is_softmax_mlp(policy):
-        return mlp_rollout(family, params, policy, theta, streams, n)
+        return mlp_rollout(family, params, policy.softmax_mlp, theta, streams, n)
     return rollout(family, params, policy, theta, streams, n)
 
 

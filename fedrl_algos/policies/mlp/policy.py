@@ -23,6 +23,7 @@ from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_g
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_algos.policies.mlp.compiled import check_kernels
 from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
+from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
@@ -209,16 +210,27 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         (then :meth:`score_gradient` and :meth:`hvp` are closed forms, :mod:`.kernels`)."""
         return not self.gaussian and not self.one_hot_observations and len(self.sizes) == 3 and self.activation_name == "tanh"
 
+    @property
+    def softmax_mlp(self) -> SoftmaxMlp:
+        """This network as the closed forms of :mod:`.kernels` take it (its sizes and kernel choice).
+
+        :raises ValueError: when it is not the paper's network (:attr:`is_softmax_mlp`)
+        """
+        if not self.is_softmax_mlp:
+            raise ValueError("the closed-form MLP kernels need a discrete MlpPolicy with one tanh hidden layer")
+        n_inputs, n_hidden, n_actions = self.sizes
+        return SoftmaxMlp(n_inputs, n_hidden, n_actions)
+
     def score_gradient(self, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`FlatPolicy.score_gradient`; hand-written backprop for the paper's softmax MLP."""
         if self.is_softmax_mlp:
-            return mlp_policy_gradient(self, theta, traj, weights)
+            return mlp_policy_gradient(self.softmax_mlp, theta, traj, weights)
         return super().score_gradient(theta, traj, weights)
 
     def hvp(self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`FlatPolicy.hvp`; hand-written forward-over-backward for the paper's softmax MLP."""
         if self.is_softmax_mlp:
-            return mlp_hvp(self, theta, traj, v, weights)
+            return mlp_hvp(self.softmax_mlp, theta, traj, v, weights)
         return super().hvp(theta, traj, v, weights)
 
     def curvature_hvp(
@@ -226,7 +238,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     ) -> torch.Tensor:
         """:meth:`FlatPolicy.curvature_hvp`; the closed form of :meth:`hvp` with another coupling for the paper's softmax MLP."""
         if self.is_softmax_mlp:
-            return mlp_hvp(self, theta, traj, v, weights, coupling=coupling)
+            return mlp_hvp(self.softmax_mlp, theta, traj, v, weights, coupling=coupling)
         return super().curvature_hvp(theta, traj, v, weights, coupling)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
@@ -282,10 +294,15 @@ class FastMlpPolicy(MlpPolicy):
             data.update(kernels=self.kernels)
         return data
 
+    @property
+    def softmax_mlp(self) -> SoftmaxMlp:
+        """:attr:`MlpPolicy.softmax_mlp` with this policy's ``kernels``."""
+        return super().softmax_mlp._replace(kernels=self.kernels)
+
     def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
         if not self.is_softmax_mlp:
             return super().sample(theta, obs, streams)
-        return mlp_sample(self, theta, obs, streams)
+        return mlp_sample(self.softmax_mlp, theta, obs, streams)
 
     def kernel_rollout_plan(self, family: Any, params: Any) -> KernelRolloutPlan | None:
         """:func:`~.kernels.mlp_rollout` for the paper's network (not with early stopping)."""
@@ -295,7 +312,7 @@ class FastMlpPolicy(MlpPolicy):
         def plan(theta: torch.Tensor, streams: RandomStreams, n_trajectories: int, horizon: int, stop_when_done: bool) -> Trajectories | None:
             if stop_when_done:
                 return None
-            return mlp_rollout(family, params, self, theta, streams, n_trajectories, horizon)
+            return mlp_rollout(family, params, self.softmax_mlp, theta, streams, n_trajectories, horizon)
 
         return plan
 
