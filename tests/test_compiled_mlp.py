@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("numba")
 
 from fedrl_algos.core.estimators import autograd_score_gradient, policy_gradient, reward_to_go_weights  # noqa: E402
-from fedrl_algos.policies import FastMlpPolicy  # noqa: E402
+from fedrl_algos.policies import FastMlpPolicy, kernel_choice  # noqa: E402
 from fedrl_algos.policies.mlp import compiled as mlp_compiled  # noqa: E402
 from fedrl_algos.policies.mlp.kernels import mlp_rollout  # noqa: E402
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, RandomStreams, derive_keys, stack_params  # noqa: E402
@@ -192,22 +192,22 @@ def test_where_the_compiled_kernels_do_not_apply_the_torch_kernels_run(monkeypat
     cart_theta = cart.theta.detach().expand(2, -1).clone()
     assert mlp_compiled.compiled_rollout_applies(cart.softmax_mlp, CARTPOLE, stack_params(CARTPOLE.train_tasks[:2]), cart_theta) is None
     # without Numba, "numba" and "auto" run the torch kernels
-    monkeypatch.setattr(mlp_compiled, "numba_available", lambda: False)
-    assert mlp_compiled.resolve_kernels("auto") == "torch"
+    monkeypatch.setattr(kernel_choice, "numba_available", lambda: False)
+    assert kernel_choice.resolve_kernels("auto") == "torch"
     with pytest.warns(UserWarning, match="runs only on a CPU with Numba installed"):
-        assert mlp_compiled.resolve_kernels("numba") == "torch"  # what runs, and what the experiments record
+        assert kernel_choice.resolve_kernels("numba") == "torch"  # what runs, and what the experiments record
     with pytest.warns(UserWarning, match="runs only on a CPU with Numba installed"):
         assert same_as_torch(_policy("numba"))
     assert same_as_torch(_policy("auto"))
 
 
 def test_auto_resolves_to_numba_on_the_cpu_only():
-    assert mlp_compiled.resolve_kernels("auto", "cpu") == "numba"
-    assert mlp_compiled.resolve_kernels("auto", "cuda") == "torch"
-    assert mlp_compiled.resolve_kernels("numba", "cpu") == "numba"
+    assert kernel_choice.resolve_kernels("auto", "cpu") == "numba"
+    assert kernel_choice.resolve_kernels("auto", "cuda") == "torch"
+    assert kernel_choice.resolve_kernels("numba", "cpu") == "numba"
     with pytest.warns(UserWarning, match="the torch kernels run on cuda"):
-        assert mlp_compiled.resolve_kernels("numba", "cuda") == "torch"
-    assert mlp_compiled.resolve_kernels("torch", "cpu") == "torch"
+        assert kernel_choice.resolve_kernels("numba", "cuda") == "torch"
+    assert kernel_choice.resolve_kernels("torch", "cpu") == "torch"
     assert mlp_compiled.compiled_rollout_applies(_policy("auto").softmax_mlp, ARC_NAVIGATION, _params(2),
                                                  _thetas(_policy(), 2)) is not None
 
@@ -217,7 +217,7 @@ def test_bad_kernels_are_rejected_with_the_argument_named(bad):
     with pytest.raises(ValueError, match="kernels must be one of"):
         _policy(bad)
     with pytest.raises(ValueError, match="kernels must be one of"):
-        mlp_compiled.resolve_kernels(bad)
+        kernel_choice.resolve_kernels(bad)
 
 
 def test_the_kernels_choice_is_saved_with_the_policy(tmp_path):

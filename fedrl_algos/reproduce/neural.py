@@ -52,7 +52,7 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
-from fedrl_algos.policies.mlp.compiled import check_kernels, resolve_kernels
+from fedrl_algos.policies.kernel_choice import check_policy_kernels, resolve_kernels
 from fedrl_algos.policies.mlp.kernels import mlp_rollout
 from fedrl_algos.reproduce.common import (
     Experiment,
@@ -217,7 +217,7 @@ class MetaTrainingConfig(FederatedTrainingConfig):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
-        check_kernels(self.kernels)
+        check_policy_kernels(self.kernels)
         check_adaptation_baseline(self.outer_baseline, "outer_baseline")
 
 

@@ -47,24 +47,21 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_algos.policies.kernel_choice import resolve_kernels
 from fedrl_algos.policies.mlp.network import SoftmaxMlp, unpack_weights
 from fedrl_envs.fused import numba_available
 from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams, uniform32_of_finalizer_input_numpy, uniform32_rows_numpy
 
-__all__ = ["KERNELS", "check_kernels", "resolve_kernels", "compiled_rollout_applies", "compiled_rollout",
-           "compiled_gradient_applies", "compiled_policy_gradient", "GRADIENT_CHUNK_SAMPLES"]
+__all__ = ["compiled_rollout_applies", "compiled_rollout", "compiled_gradient_applies", "compiled_policy_gradient",
+           "GRADIENT_CHUNK_SAMPLES"]
 
-#: the kernel choices of ``FastMlpPolicy``: ``"torch"`` (:mod:`.kernels`), ``"numba"`` (this
-#: module, where it applies; the torch kernels elsewhere) and ``"auto"`` (``"numba"`` when Numba is installed)
-KERNELS = ("torch", "numba", "auto")
 #: samples (rows × trajectories × steps) of one tile of the policy gradient: the ``[rows, n, 32]``
 #: hidden activations stay around a few megabytes
 GRADIENT_CHUNK_SAMPLES = 32768
@@ -77,31 +74,6 @@ ENV_BLOCK = 1024
 #: step's ``[32, environments]`` hidden units stay in cache across its four calls instead of
 #: streaming through memory (m_h = 1000: 60 000 environments, 7.7 MB a pass); the same bits
 SEGMENT_BLOCK = 8192
-
-
-def check_kernels(kernels: Any) -> str:
-    """``kernels`` if it is one of :data:`KERNELS` (``ValueError`` naming the argument otherwise)."""
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
-    return kernels
-
-
-def resolve_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
-    """The kernels that run: ``"numba"`` on a CPU with Numba installed when ``kernels`` is ``"numba"``
-    or ``"auto"``, else ``"torch"`` (what the experiments record in ``settings.kernels``).
-
-    An explicit ``"numba"`` that cannot run (no Numba, or not a CPU) warns once and runs the torch
-    kernels, as ``FastMlpPolicy`` does.
-    """
-    check_kernels(kernels)
-    if kernels == "torch":
-        return "torch"
-    if torch.device(device).type == "cpu" and numba_available():
-        return "numba"
-    if kernels == "numba":
-        warnings.warn(f'kernels="numba" runs only on a CPU with Numba installed (pip install "fedrl[fast]"); '
-                      f"the torch kernels run on {torch.device(device)}", stacklevel=2)
-    return "torch"
 
 
 def _plain_float32(t: torch.Tensor) -> bool:

@@ -29,7 +29,7 @@ class SoftmaxMlp(NamedTuple):
     #: ``o``, the actions (the softmax's outputs)
     n_actions: int
     #: ``FastMlpPolicy``'s choice, ``"torch"``, ``"numba"`` or ``"auto"``
-    #: (:func:`fedrl_algos.policies.mlp.compiled.resolve_kernels`); ``"torch"`` for an ``MlpPolicy``
+    #: (:func:`fedrl_algos.policies.kernel_choice.resolve_kernels`); ``"torch"`` for an ``MlpPolicy``
     kernels: str = "torch"
 
 

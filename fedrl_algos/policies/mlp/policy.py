@@ -21,7 +21,7 @@ from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
-from fedrl_algos.policies.mlp.compiled import check_kernels
+from fedrl_algos.policies.kernel_choice import check_policy_kernels
 from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs.rng import RandomStreams, derive_keys
@@ -285,7 +285,7 @@ class FastMlpPolicy(MlpPolicy):
     __module__ = _PUBLIC_MODULE
 
     def __init__(self, *args: Any, kernels: str = "torch", **kwargs: Any) -> None:
-        self.kernels = check_kernels(kernels)
+        self.kernels = check_policy_kernels(kernels)
         super().__init__(*args, **kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
