@@ -9,9 +9,12 @@ The modules:
 
 * :mod:`.policy` — :class:`MlpPolicy` and :class:`FastMlpPolicy` (imported from here:
   ``fedrl_algos.policies.mlp.MlpPolicy`` is their name in saved model files);
-* :mod:`.kernels` — the closed forms of the paper's softmax network in torch (sampling, rollout,
-  policy gradient, Hessian-vector product);
-* :mod:`.compiled` — the rollouts and policy gradients as compiled loops (``kernels="numba"``);
+* :mod:`.network` — :class:`~.network.SoftmaxMlp`, the paper's softmax network as the kernels take
+  it (``MlpPolicy.softmax_mlp``: layer sizes and kernel choice), and θ's layout for it;
+* :mod:`.kernels` — the closed forms of that network in torch (sampling, rollout, policy gradient,
+  Hessian-vector product);
+* :mod:`.compiled` — the rollouts and policy gradients as compiled loops (``kernels="numba"``,
+  :mod:`fedrl_algos.policies.kernel_choice`);
 * :mod:`.compiled_hvp` — the Hessian-vector product as compiled loops.
 """
 
