@@ -175,7 +175,7 @@ class TaskFamily(ABC, Generic[P]):
 
     def compiled_transition(self, params: P, rows: int) -> tuple[Any, tuple[Any, ...]] | None:
         """The transition of one environment as a Numba function, for compiled policy rollouts
-        (``FastMlpPolicy(kernels="numba")``, :mod:`fedrl_algos.policies.mlp_compiled`), or ``None``.
+        (``FastMlpPolicy(kernels="numba")``, :mod:`fedrl_algos.policies.mlp.compiled`), or ``None``.
 
         A family that has one returns ``(transition, data)``: ``transition(state, i, action, row,
         data) -> (reward, terminated)`` moves ``state[i]`` (a float32 ``[N, d]`` array whose rows

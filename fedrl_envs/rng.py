@@ -95,7 +95,7 @@ _U64_GOLDEN = np.uint64(_GOLDEN % 2**64)
 def uniform32_rows_numpy(keys: Any, counters: Any, out: Any) -> None:
     """``out[r, j]``: the ``j``-th float32 uniform :meth:`RandomStreams.uniform` draws next from the
     stream of ``(keys[r], counters[r])`` (NumPy ``uint64`` arrays, the int64 state's bits), without
-    advancing anything; the same bits. Compiled by :mod:`fedrl_algos.policies.mlp_compiled`.
+    advancing anything; the same bits. Compiled by :mod:`fedrl_algos.policies.mlp.compiled`.
 
     Word ``j`` is the finalizer of ``key + (counter + j)·golden``, whose first step adds ``golden``:
     so the finalizer's remaining steps (:func:`uniform32_of_finalizer_input_numpy`) apply to

@@ -11,25 +11,9 @@ its ``rollout`` returns an ``EnvRollout``. ``fedrl_wrappers.sb3.SB3VecEnv`` (mad
 ``FederatedVecEnv.to_sb3``) exposes one agent to Stable-Baselines3. See ``docs/federated_env.md``.
 """
 
-from typing import Any
-
 from fedrl_wrappers._shadow import WrappersShadowedWarning, warn_if_wrappers_shadowed
-from fedrl_wrappers.federated import (
-    _DEPRECATED,
-    EnvRollout,
-    FederatedVecEnv,
-    GenericFederatedVecEnv,
-    NativeFederatedVecEnv,
-    _deprecated,
-)
+from fedrl_wrappers.federated import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
 
 __all__ = ["EnvRollout", "FederatedVecEnv", "GenericFederatedVecEnv", "NativeFederatedVecEnv", "WrappersShadowedWarning"]
 
 warn_if_wrappers_shadowed()
-
-
-def __getattr__(name: str) -> Any:
-    # Deprecated names (``Trajectories``, now ``EnvRollout``) are the federated module's.
-    if name in _DEPRECATED:
-        return _deprecated(__name__, name, stacklevel=2)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

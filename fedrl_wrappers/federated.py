@@ -18,7 +18,6 @@ See ``docs/federated_env.md`` for shapes, modes and interoperability.
 from __future__ import annotations
 
 import math
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,34 +84,6 @@ class EnvRollout(NamedTuple):
         if isinstance(self.terminated, np.ndarray):
             return alive_mask(torch.from_numpy(self.terminated)).numpy()
         return alive_mask(self.terminated)
-
-
-#: deprecated name -> its replacement in this module, kept importable for one release.
-#: ``Trajectories`` clashed with ``fedrl_algos.core.Trajectories``, the algorithms' batch type.
-_DEPRECATED = {"Trajectories": "EnvRollout"}
-
-
-def _deprecated(module: str, name: str, stacklevel: int) -> Any:
-    """The replacement of the deprecated ``module.name``, with a ``DeprecationWarning`` naming it.
-
-    :param module: the module the name was looked up in (``wrappers`` or ``fedrl_wrappers.federated``)
-    :param name: a key of ``_DEPRECATED``
-    :param stacklevel: as for ``warnings.warn``, counted from the caller of this function (2 from a
-        module ``__getattr__``: the code that looked the name up)
-    """
-    new = _DEPRECATED[name]
-    warnings.warn(
-        f"{module}.{name} is deprecated and will be removed in the next release; use {module}.{new}, the same class",
-        DeprecationWarning,
-        stacklevel=stacklevel + 1,
-    )
-    return globals()[new]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED:
-        return _deprecated(__name__, name, stacklevel=2)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[str, Any]] | None:

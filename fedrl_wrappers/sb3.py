@@ -1,14 +1,16 @@
 """Stable-Baselines3 view of a federation: ``FederatedVecEnv.to_sb3(agent=i)``.
 
-The adapter knows Gymnasium's vector-env contract, not the federation: like a Gymnasium wrapper,
-it depends on the environment's interface and the environment module never imports it at module
-level (``FederatedVecEnv.to_sb3`` imports it when called), so the two modules form no import cycle.
+The adapter knows Gymnasium's vector-env contract, not the federation: like a Gymnasium wrapper, it
+takes any ``gymnasium.vector.VectorEnv`` (a federation is one) and imports nothing of
+:mod:`fedrl_wrappers.federated`, not even for type hints; the dependency runs one way only
+(``FederatedVecEnv.to_sb3`` imports this module when called, so that importing the federation does
+not import Stable-Baselines3).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -16,9 +18,6 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
-
-if TYPE_CHECKING:
-    from fedrl_wrappers.federated import FederatedVecEnv
 
 __all__ = ["SB3VecEnv"]
 
@@ -28,7 +27,7 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 class SB3VecEnv(VecEnv):
-    """A :class:`FederatedVecEnv` (normally one agent's) as a Stable-Baselines3 ``VecEnv``.
+    """A :class:`~fedrl_wrappers.federated.FederatedVecEnv` (normally one agent's) as a Stable-Baselines3 ``VecEnv``.
 
     Observations, rewards and dones are NumPy arrays; actions are NumPy arrays. SB3's autoreset
     semantics hold: when an episode ends, ``step_wait`` returns the first observation of the next
@@ -43,11 +42,11 @@ class SB3VecEnv(VecEnv):
     autoreset), not the class, so a ``fedrl_envs.FamilyVectorEnv`` fits as well; any vector env
     without ``agent_envs`` is treated like the native backend by the attribute methods.
 
-    :param venv: a federation with ``autoreset=True`` (see :meth:`FederatedVecEnv.to_sb3`), or
+    :param venv: a federation with ``autoreset=True`` (see :meth:`~fedrl_wrappers.federated.FederatedVecEnv.to_sb3`), or
         another vector env whose ``metadata["autoreset_mode"]`` is ``SAME_STEP``
     """
 
-    def __init__(self, venv: FederatedVecEnv | VectorEnv) -> None:
+    def __init__(self, venv: VectorEnv) -> None:
         if not isinstance(venv, VectorEnv):
             raise TypeError(f"venv must be a FederatedVecEnv (a gymnasium VectorEnv), got {type(venv).__name__}")
         if venv.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:

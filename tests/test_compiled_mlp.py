@@ -9,8 +9,9 @@ import torch
 pytest.importorskip("numba")
 
 from fedrl_algos.core.estimators import autograd_score_gradient, policy_gradient, reward_to_go_weights  # noqa: E402
-from fedrl_algos.policies import FastMlpPolicy, mlp_compiled  # noqa: E402
-from fedrl_algos.policies.mlp_kernels import mlp_rollout  # noqa: E402
+from fedrl_algos.policies import FastMlpPolicy, kernel_choice  # noqa: E402
+from fedrl_algos.policies.mlp import compiled as mlp_compiled  # noqa: E402
+from fedrl_algos.policies.mlp.kernels import mlp_rollout  # noqa: E402
 from fedrl_envs import ARC_NAVIGATION, CARTPOLE, RandomStreams, derive_keys, stack_params  # noqa: E402
 from fedrl_envs.arc_navigation import ArcNavigationFamily, _compiled_row_transition  # noqa: E402
 
@@ -41,7 +42,7 @@ def _rollouts(theta, m=16, seed=0, kernels=("torch", "numba")):
     out = {}
     for k in kernels:
         streams = _streams(rows, seed)
-        out[k] = (mlp_rollout(ARC_NAVIGATION, _params(rows), _policy(k), theta, streams, m), streams)
+        out[k] = (mlp_rollout(ARC_NAVIGATION, _params(rows), _policy(k).softmax_mlp, theta, streams, m), streams)
     return out
 
 
@@ -86,13 +87,13 @@ def test_compiled_rollout_of_a_row_does_not_depend_on_the_batch_and_repeats():
     policy = _policy()
     theta = _thetas(policy, 6, scale=0.3, seed=4)
     params = _params(6)
-    whole = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(6), 8)
-    again = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(6), 8)
+    whole = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(6), 8)
+    again = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(6), 8)
     for x, y in zip(whole, again, strict=True):
         assert torch.equal(x, y)
     streams = _streams(6)
     one = RandomStreams(streams.keys[3:4])
-    alone = mlp_rollout(ARC_NAVIGATION, dataclasses.replace(params, goal=params.goal[3:4]), policy, theta[3:4], one, 8)
+    alone = mlp_rollout(ARC_NAVIGATION, dataclasses.replace(params, goal=params.goal[3:4]), policy.softmax_mlp, theta[3:4], one, 8)
     for x, y in zip(whole, alone, strict=True):
         assert torch.equal(x[3:4], y)
 
@@ -101,7 +102,7 @@ def test_compiled_rollout_keeps_batch_shapes():
     policy = _policy()
     theta = _thetas(policy, 6, scale=0.3).reshape(2, 3, -1)
     streams = RandomStreams(derive_keys(torch.tensor(0), torch.arange(6).reshape(2, 3)))
-    traj = mlp_rollout(ARC_NAVIGATION, _params(6), policy, theta, streams, 5)
+    traj = mlp_rollout(ARC_NAVIGATION, _params(6), policy.softmax_mlp, theta, streams, 5)
     assert traj.obs.shape == (2, 3, 5, 21, 2) and traj.actions.shape == (2, 3, 5, 21)
     assert traj.actions.dtype == torch.int64 and traj.rewards.dtype == torch.float32
 
@@ -131,11 +132,11 @@ def test_compiled_policy_gradient_does_not_depend_on_tiling_or_batch():
     theta = _thetas(policy, 7, scale=0.5, seed=5)
     traj, _ = _rollouts(theta, m=9, kernels=("numba",))["numba"]
     weights = _weights(traj)
-    whole = mlp_compiled.compiled_policy_gradient(policy, theta, traj, weights)
+    whole = mlp_compiled.compiled_policy_gradient(policy.softmax_mlp, theta, traj, weights)
     for chunk in (1, 50, 21 * 9, 10_000):
-        assert torch.equal(mlp_compiled.compiled_policy_gradient(policy, theta, traj, weights, chunk_samples=chunk), whole)
+        assert torch.equal(mlp_compiled.compiled_policy_gradient(policy.softmax_mlp, theta, traj, weights, chunk_samples=chunk), whole)
     row = [x[2:3] for x in traj]
-    alone = mlp_compiled.compiled_policy_gradient(policy, theta[2:3], type(traj)(*row), weights[2:3])
+    alone = mlp_compiled.compiled_policy_gradient(policy.softmax_mlp, theta[2:3], type(traj)(*row), weights[2:3])
     assert torch.equal(alone, whole[2:3])
 
 
@@ -157,10 +158,10 @@ def test_a_policy_gradient_step_through_the_estimator_uses_the_compiled_kernel(m
     traj, _ = _rollouts(theta, m=5, kernels=("numba",))["numba"]
     calls = []
     real = mlp_compiled.compiled_policy_gradient
-    monkeypatch.setattr("fedrl_algos.policies.mlp_kernels.compiled_policy_gradient",
+    monkeypatch.setattr("fedrl_algos.policies.mlp.kernels.compiled_policy_gradient",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     grad = policy_gradient(policy, theta, traj, 0.9)
-    assert calls and torch.equal(grad, real(policy, theta, traj, _weights(traj)))
+    assert calls and torch.equal(grad, real(policy.softmax_mlp, theta, traj, _weights(traj)))
 
 
 def test_where_the_compiled_kernels_do_not_apply_the_torch_kernels_run(monkeypatch):
@@ -169,45 +170,45 @@ def test_where_the_compiled_kernels_do_not_apply_the_torch_kernels_run(monkeypat
     params = _params(3)
 
     def same_as_torch(policy, family=ARC_NAVIGATION, reference=torch_policy, th=theta):
-        a = mlp_rollout(family, params, reference, th, _streams(3), 4)
-        b = mlp_rollout(family, params, policy, th, _streams(3), 4)
+        a = mlp_rollout(family, params, reference.softmax_mlp, th, _streams(3), 4)
+        b = mlp_rollout(family, params, policy.softmax_mlp, th, _streams(3), 4)
         return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
     assert same_as_torch(_policy("numba", dtype=torch.float64), reference=_policy("torch", dtype=torch.float64),
                          th=theta.double())
     # float64 parameters, gradients through θ, a subclass with other dynamics, a family without a compiled step
-    assert mlp_compiled.compiled_rollout_applies(_policy(), ARC_NAVIGATION, params, theta.double()) is None
-    assert mlp_compiled.compiled_rollout_applies(_policy(), ARC_NAVIGATION, params, theta.clone().requires_grad_()) is None
-    assert mlp_compiled.compiled_rollout_applies(_policy("torch"), ARC_NAVIGATION, params, theta) is None
+    assert mlp_compiled.compiled_rollout_applies(_policy().softmax_mlp, ARC_NAVIGATION, params, theta.double()) is None
+    assert mlp_compiled.compiled_rollout_applies(_policy().softmax_mlp, ARC_NAVIGATION, params, theta.clone().requires_grad_()) is None
+    assert mlp_compiled.compiled_rollout_applies(_policy("torch").softmax_mlp, ARC_NAVIGATION, params, theta) is None
 
     class Windy(ArcNavigationFamily):
         def step(self, state, action, params):
             next_state, reward, done = super().step(state, action, params)
             return (next_state + 0.01).clamp(-1, 1), reward, done
 
-    assert mlp_compiled.compiled_rollout_applies(_policy(), Windy(), params, theta) is None
+    assert mlp_compiled.compiled_rollout_applies(_policy().softmax_mlp, Windy(), params, theta) is None
     assert same_as_torch(_policy(), family=Windy())
     cart = _policy("numba", family=CARTPOLE)
     cart_theta = cart.theta.detach().expand(2, -1).clone()
-    assert mlp_compiled.compiled_rollout_applies(cart, CARTPOLE, stack_params(CARTPOLE.train_tasks[:2]), cart_theta) is None
+    assert mlp_compiled.compiled_rollout_applies(cart.softmax_mlp, CARTPOLE, stack_params(CARTPOLE.train_tasks[:2]), cart_theta) is None
     # without Numba, "numba" and "auto" run the torch kernels
-    monkeypatch.setattr(mlp_compiled, "numba_available", lambda: False)
-    assert mlp_compiled.resolve_kernels("auto") == "torch"
+    monkeypatch.setattr(kernel_choice, "numba_available", lambda: False)
+    assert kernel_choice.resolve_kernels("auto") == "torch"
     with pytest.warns(UserWarning, match="runs only on a CPU with Numba installed"):
-        assert mlp_compiled.resolve_kernels("numba") == "torch"  # what runs, and what the experiments record
+        assert kernel_choice.resolve_kernels("numba") == "torch"  # what runs, and what the experiments record
     with pytest.warns(UserWarning, match="runs only on a CPU with Numba installed"):
         assert same_as_torch(_policy("numba"))
     assert same_as_torch(_policy("auto"))
 
 
 def test_auto_resolves_to_numba_on_the_cpu_only():
-    assert mlp_compiled.resolve_kernels("auto", "cpu") == "numba"
-    assert mlp_compiled.resolve_kernels("auto", "cuda") == "torch"
-    assert mlp_compiled.resolve_kernels("numba", "cpu") == "numba"
+    assert kernel_choice.resolve_kernels("auto", "cpu") == "numba"
+    assert kernel_choice.resolve_kernels("auto", "cuda") == "torch"
+    assert kernel_choice.resolve_kernels("numba", "cpu") == "numba"
     with pytest.warns(UserWarning, match="the torch kernels run on cuda"):
-        assert mlp_compiled.resolve_kernels("numba", "cuda") == "torch"
-    assert mlp_compiled.resolve_kernels("torch", "cpu") == "torch"
-    assert mlp_compiled.compiled_rollout_applies(_policy("auto"), ARC_NAVIGATION, _params(2),
+        assert kernel_choice.resolve_kernels("numba", "cuda") == "torch"
+    assert kernel_choice.resolve_kernels("torch", "cpu") == "torch"
+    assert mlp_compiled.compiled_rollout_applies(_policy("auto").softmax_mlp, ARC_NAVIGATION, _params(2),
                                                  _thetas(_policy(), 2)) is not None
 
 
@@ -216,7 +217,7 @@ def test_bad_kernels_are_rejected_with_the_argument_named(bad):
     with pytest.raises(ValueError, match="kernels must be one of"):
         _policy(bad)
     with pytest.raises(ValueError, match="kernels must be one of"):
-        mlp_compiled.resolve_kernels(bad)
+        kernel_choice.resolve_kernels(bad)
 
 
 def test_the_kernels_choice_is_saved_with_the_policy(tmp_path):
@@ -282,15 +283,15 @@ def test_rollouts_with_few_or_many_trajectories_a_row_take_either_loop_variant_w
     policy = _policy()
     theta = _thetas(policy, 5, scale=0.5, seed=8)
     params = _params(5)
-    default = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)  # per-environment weights, one block
+    default = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(5), 12)  # per-environment weights, one block
     monkeypatch.setattr(mlp_compiled, "ENV_BLOCK", 25)  # blocks of 2 rows
-    blocked = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    blocked = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(5), 12)
     monkeypatch.setattr(mlp_compiled, "PER_ENV_WEIGHTS_BELOW", 1)  # the rows' own weights over their segments
-    per_row = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    per_row = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(5), 12)
     monkeypatch.setattr(mlp_compiled, "SEGMENT_BLOCK", 30)  # segments in blocks of 2 rows (5 rows: 2, 2, 1)
-    per_row_blocked = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    per_row_blocked = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(5), 12)
     monkeypatch.setattr(mlp_compiled, "SEGMENT_BLOCK", 1)  # one row at a time
-    one_row = mlp_rollout(ARC_NAVIGATION, params, policy, theta, _streams(5), 12)
+    one_row = mlp_rollout(ARC_NAVIGATION, params, policy.softmax_mlp, theta, _streams(5), 12)
     for a, *others in zip(default, blocked, per_row, per_row_blocked, one_row, strict=True):
         assert all(torch.equal(a, b) for b in others)
 
@@ -308,7 +309,7 @@ def test_compiled_policy_gradient_of_a_network_with_four_inputs_matches_autograd
 
     traj = Trajectories(obs=obs, actions=actions, rewards=torch.rand(2, 3, 5, generator=gen), mask=mask)
     weights = reward_to_go_weights(traj, 0.9)
-    assert mlp_compiled.compiled_gradient_applies(policy, theta, traj, weights)
+    assert mlp_compiled.compiled_gradient_applies(policy.softmax_mlp, theta, traj, weights)
     got = policy.score_gradient(theta, traj, weights)
     exact = autograd_score_gradient(policy, theta.double(), traj._replace(obs=obs.double()), weights.double())
     assert float((got.double() - exact).abs().max() / exact.abs().max()) < 2e-6

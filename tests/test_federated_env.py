@@ -275,16 +275,11 @@ def test_rollout_collects_whole_trajectories():
         venv.rollout(policy, n_steps=17)
 
 
-def test_rollout_returns_an_env_rollout_and_trajectories_is_a_deprecated_alias():
+def test_rollout_returns_an_env_rollout():
     venv = FederatedVecEnv(GRID, 2, agents=[0, 1], seed=3, autoreset=False)
     assert type(venv.rollout(lambda obs: torch.zeros(obs.shape, dtype=torch.long))) is EnvRollout
     for module in ("wrappers", "wrappers.federated", "fedrl_wrappers", "fedrl_wrappers.federated"):
-        with pytest.warns(DeprecationWarning, match=rf"{module}\.Trajectories is deprecated.*{module}\.EnvRollout") as record:
-            alias = importlib.import_module(module).Trajectories
-        assert alias is EnvRollout
-        assert record[0].filename == __file__  # the warning points at the code that used the old name
-    with pytest.warns(DeprecationWarning, match="EnvRollout"):
-        from wrappers.federated import Trajectories  # noqa: F401
+        assert importlib.import_module(module).EnvRollout is EnvRollout
     with pytest.raises(AttributeError, match="NoSuchName"):
         import wrappers
 

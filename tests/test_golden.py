@@ -34,7 +34,7 @@ RUNS = {
     "curvature": ("curvature", ["--quick", "--kernels", "torch"]),
     "mfpo": ("mfpo", ["--quick"]),
     "byzantine": ("byzantine", ["--quick"]),
-    # The compiled MLP kernels round differently (fedrl_algos.policies.mlp_compiled), but in the
+    # The compiled MLP kernels round differently (fedrl_algos.policies.mlp.compiled), but in the
     # quick runs no action flips, so their records are the torch kernels' golden ones ...
     "fewshot-numba": ("fewshot", ["--quick", "--kernels", "numba"]),
     "curvature-numba": ("curvature", ["--quick", "--kernels", "numba"]),

@@ -1,9 +1,9 @@
 """The package layering stays as designed: no import cycles, and a leaf functional core.
 
 An AST walk over ``fedrl_envs``, ``fedrl_wrappers``, ``fedrl_algos`` and the alias package ``wrappers``
-collects every import, at module
-level *and inside functions* (only ``if TYPE_CHECKING:`` blocks are skipped: they never run), and
-resolves it to a module of the project. Then:
+collects every import, at module level, *inside functions* and *under* ``if TYPE_CHECKING:`` (such
+an import never runs, but a module that needs another's types for its hints still depends on it: a
+cycle hidden there is a cycle of the design), and resolves it to a module of the project. Then:
 
 * the graph "module A imports module B" has no cycle;
 * no module of ``fedrl_algos.core`` imports anything of ``fedrl_algos`` outside ``core``;
@@ -46,14 +46,8 @@ def project_modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST, module: str, is_package: bool, modules: dict[str, Path]) -> set[str]:
-    """Project modules that ``module`` imports anywhere (but under ``if TYPE_CHECKING:``)."""
+    """Project modules that ``module`` imports anywhere, ``if TYPE_CHECKING:`` blocks included."""
     found: set[str] = set()
 
     def resolve(name: str) -> str | None:
@@ -62,10 +56,6 @@ def _imports(tree: ast.AST, module: str, is_package: bool, modules: dict[str, Pa
         return name or None
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 target = resolve(alias.name)
@@ -143,7 +133,9 @@ def _within(module: str, package: str) -> bool:
 
 def test_no_import_cycles() -> None:
     cycles = _cycles(import_graph())
-    assert not cycles, "import cycles (counting imports inside functions): " + "; ".join(" <-> ".join(c) for c in cycles)
+    assert not cycles, "import cycles (counting imports inside functions and under TYPE_CHECKING): " + "; ".join(
+        " <-> ".join(c) for c in cycles
+    )
 
 
 def test_core_is_a_leaf() -> None:
@@ -247,9 +239,14 @@ def test_the_plotting_modules_take_results_as_data() -> None:
     assert graph[f"{PLOTTING}.partial"] >= {PLOTTING, f"{PLOTTING}.tabular"}
 
 
-def test_the_walk_sees_function_level_imports() -> None:
-    """The checker itself: an import inside a function counts, one under TYPE_CHECKING does not."""
-    source = "def f():\n    from pkg.b import x\nif TYPE_CHECKING:\n    import pkg.c\n"
-    modules = {"pkg": Path("."), "pkg.a": Path("."), "pkg.b": Path("."), "pkg.c": Path(".")}
-    assert _imports(ast.parse(source), "pkg.a", False, modules) == {"pkg.b"}
+def test_the_walk_sees_function_level_and_type_checking_imports() -> None:
+    """The checker itself: an import inside a function counts, and so does one under TYPE_CHECKING."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "def f():\n    from pkg.b import x\n"
+        "if TYPE_CHECKING:\n    import pkg.c\nelse:\n    import pkg.d\n"
+        "if typing.TYPE_CHECKING:\n    from pkg.e import Y\n"
+    )
+    modules = {name: Path(".") for name in ("pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d", "pkg.e")}
+    assert _imports(ast.parse(source), "pkg.a", False, modules) == {"pkg.b", "pkg.c", "pkg.d", "pkg.e"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -16,7 +16,8 @@ from fedrl_algos.core import (
 )
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, MlpPolicy, is_softmax_mlp
-from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_sample
+from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_sample
+from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, stack_params
 
 GAMMA = 0.9
@@ -49,7 +50,7 @@ def test_closed_form_hvp_equals_autograd_float64(chunk):
     theta, traj, v = _problem(policy)
     assert traj.rewards.sum() > 0
     expected = autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA))
-    got = mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA), chunk_samples=chunk)
+    got = mlp_hvp(policy.softmax_mlp, theta, traj, v, reward_to_go_weights(traj, GAMMA), chunk_samples=chunk)
     assert got.shape == expected.shape == (2, 3, 360)
     assert torch.allclose(got, expected, atol=1e-10, rtol=0)
     assert expected.abs().max() > 1e-2
@@ -60,7 +61,7 @@ def test_closed_form_policy_gradient_equals_autograd_float64():
     theta, traj, _ = _problem(policy)
     expected = policy_gradient(policy, theta, traj, GAMMA, closed_form=False)
     for chunk in (None, 30):
-        got = mlp_policy_gradient(policy, theta, traj, reward_to_go_weights(traj, GAMMA), chunk_samples=chunk)
+        got = mlp_policy_gradient(policy.softmax_mlp, theta, traj, reward_to_go_weights(traj, GAMMA), chunk_samples=chunk)
         assert torch.allclose(got, expected, atol=1e-12, rtol=0)
     assert expected.abs().max() > 1e-2
 
@@ -80,9 +81,9 @@ def test_other_sizes_masks_and_a_shared_direction():
     traj = Trajectories(obs, actions, rewards * mask, mask)
     theta = torch.randn(4, d, generator=g, dtype=torch.float64)
     v = torch.randn(d, generator=g, dtype=torch.float64)
-    assert torch.allclose(mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)), autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)), atol=1e-10)
+    assert torch.allclose(mlp_hvp(policy.softmax_mlp, theta, traj, v, reward_to_go_weights(traj, GAMMA)), autograd_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)), atol=1e-10)
     pg = policy_gradient(policy, theta, traj, GAMMA, closed_form=False)
-    assert torch.allclose(mlp_policy_gradient(policy, theta, traj, reward_to_go_weights(traj, GAMMA)), pg, atol=1e-12)
+    assert torch.allclose(mlp_policy_gradient(policy.softmax_mlp, theta, traj, reward_to_go_weights(traj, GAMMA)), pg, atol=1e-12)
 
 
 def test_dispatch_uses_the_closed_form_only_for_one_tanh_hidden_layer():
@@ -93,22 +94,32 @@ def test_dispatch_uses_the_closed_form_only_for_one_tanh_hidden_layer():
     assert not is_softmax_mlp(_policy(act=gym.spaces.Box(-1, 1, (2,))))
     policy = _policy()
     theta, traj, v = _problem(policy, m=10)
-    assert torch.equal(hessian_vector_product(policy, theta, traj, v, GAMMA), mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA)))
-    assert torch.equal(policy_gradient(policy, theta, traj, GAMMA), mlp_policy_gradient(policy, theta, traj, reward_to_go_weights(traj, GAMMA)))
+    assert torch.equal(hessian_vector_product(policy, theta, traj, v, GAMMA), mlp_hvp(policy.softmax_mlp, theta, traj, v, reward_to_go_weights(traj, GAMMA)))
+    assert torch.equal(policy_gradient(policy, theta, traj, GAMMA), mlp_policy_gradient(policy.softmax_mlp, theta, traj, reward_to_go_weights(traj, GAMMA)))
     deep = _policy(net_arch=(4, 4))
     theta, traj, v = _problem(deep, m=5)
     assert torch.equal(hessian_vector_product(deep, theta, traj, v, GAMMA), autograd_hvp(deep, theta, traj, v, reward_to_go_weights(traj, GAMMA)))
+
+
+def test_the_kernels_take_the_network_not_the_policy():
+    # what the kernels read of a policy: its sizes and (FastMlpPolicy) its kernel choice
+    assert _policy().softmax_mlp == SoftmaxMlp(n_inputs=2, n_hidden=32, n_actions=8, kernels="torch")
+    assert _policy(FastMlpPolicy, kernels="auto").softmax_mlp == SoftmaxMlp(2, 32, 8, "auto")
+    assert _policy(FastMlpPolicy, net_arch=(5,), act=gym.spaces.Discrete(3)).softmax_mlp == SoftmaxMlp(2, 5, 3)
+    for other in (_policy(activation="relu"), _policy(net_arch=(8, 8)), _policy(act=gym.spaces.Box(-1, 1, (2,)))):
+        with pytest.raises(ValueError, match="closed-form MLP kernels need a discrete MlpPolicy with one tanh hidden layer"):
+            other.softmax_mlp  # noqa: B018
 
 
 def test_rows_do_not_depend_on_the_batch():
     """A row's estimate is the same whether it is computed alone or with other rows (any tiling)."""
     policy = _policy(dtype=torch.float32)
     theta, traj, v = _problem(policy, batch=(3, 4), m=60)
-    full = mlp_hvp(policy, theta, traj, v, reward_to_go_weights(traj, GAMMA), chunk_samples=2000)
+    full = mlp_hvp(policy.softmax_mlp, theta, traj, v, reward_to_go_weights(traj, GAMMA), chunk_samples=2000)
     from fedrl_algos.core import Trajectories
 
     alone = Trajectories(*(x[1:2, 2:3] for x in traj))
-    one = mlp_hvp(policy, theta[1:2, 2:3], alone, v[1:2, 2:3], reward_to_go_weights(alone, GAMMA), chunk_samples=2000)
+    one = mlp_hvp(policy.softmax_mlp, theta[1:2, 2:3], alone, v[1:2, 2:3], reward_to_go_weights(alone, GAMMA), chunk_samples=2000)
     assert torch.equal(full[1, 2], one[0, 0])
 
 
@@ -139,7 +150,7 @@ def test_fast_sampling_draws_the_same_actions():
     assert got.shape == ref.shape == (4, 5, 3000) and got.dtype == ref.dtype
     assert torch.equal(a.counters, b.counters)
     assert (got != ref).float().mean() <= 1e-3  # only where a uniform is within rounding of a CDF step
-    assert torch.equal(got, mlp_sample(fast, theta, obs, RandomStreams(keys)))
+    assert torch.equal(got, mlp_sample(fast.softmax_mlp, theta, obs, RandomStreams(keys)))
     # one observation for the whole batch and a single row also work
     single = fast.sample(theta[0, 0], obs[0, 0, :7], RandomStreams(derive_keys(1, torch.arange(1))[0]))
     assert single.shape == (7,)

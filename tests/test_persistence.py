@@ -30,7 +30,8 @@ from stable_baselines3 import DQN, PPO
 from torch import nn
 
 from fedrl_algos import MFPO, FedAvgPG, FedAvgSB3, FedPGBR, IndependentPG, PerFedAvgPG
-from fedrl_algos.common.model_file import DATA_TENSORS, MARKER, atomic_write, read_model_file
+from fedrl_algos.common.model_file import DATA_TENSORS, MARKER, atomic_write, class_path, read_model_file
+from fedrl_algos.policies import FastMlpPolicy, MlpPolicy
 
 GRID = "fedrl/GridWorld-v0"
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +110,22 @@ def test_mlp_policy_with_a_torch_activation_and_spaces_round_trip(tmp_path):
     assert loaded.observation_space == model.observation_space  # a Box, low/high as tensors
     obs = torch.zeros(3, 4)
     assert torch.equal(torch.as_tensor(loaded.predict(obs, deterministic=True)[0]), torch.as_tensor(model.predict(obs, deterministic=True)[0]))
+
+
+def test_mlp_policy_classes_keep_the_class_path_of_files_saved_before_they_moved(tmp_path):
+    # MlpPolicy and FastMlpPolicy live in fedrl_algos/policies/mlp/policy.py but are named, in files and
+    # pickles, by the package they are imported from, as before the module became a package
+    assert {class_path(MlpPolicy), class_path(FastMlpPolicy)} == {
+        "fedrl_algos.policies.mlp:MlpPolicy", "fedrl_algos.policies.mlp:FastMlpPolicy"}
+    model = MFPO(FastMlpPolicy, "fedrl/CartPole-v0", step_size=1e-3, local_steps=1, n_trajectories=2, horizon=9,
+                 policy_kwargs={"net_arch": (4,), "kernels": "auto"}, seed=0, device="cpu")
+    model.save(tmp_path / "fast.zip")
+    with zipfile.ZipFile(tmp_path / "fast.zip") as archive:
+        assert json.loads(archive.read("data"))["policy_class"] == {":policy_class:": "fedrl_algos.policies.mlp:FastMlpPolicy"}
+    loaded = MFPO.load(tmp_path / "fast.zip", device="cpu")
+    assert type(loaded.policy) is FastMlpPolicy and loaded.policy.kernels == "auto"
+    assert torch.equal(loaded.policy.theta, model.policy.theta)
+    assert type(pickle.loads(pickle.dumps(loaded.policy))) is FastMlpPolicy
 
 
 def test_a_callable_saved_by_name_must_be_given_back(tmp_path):

@@ -11,7 +11,7 @@ import torch
 
 import fedrl_algos.cli.reproduce as reproduce_cli
 from fedrl_algos.cli import main
-from fedrl_algos.policies.mlp_compiled import resolve_kernels
+from fedrl_algos.policies.kernel_choice import resolve_kernels
 from fedrl_algos.reproduce import EXPERIMENTS, ExperimentOutput, config_settings, run_experiment
 from fedrl_algos.reproduce.mfpo import MEASURED_RATES, MethodConfig
 

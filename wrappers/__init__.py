@@ -8,17 +8,7 @@ can still use ``fedrl_envs`` and ``fedrl_algos``; such a project imports fedrl's
 ``fedrl_wrappers``. See ``docs/federated_env.md``.
 """
 
-from typing import Any
-
 from fedrl_wrappers import EnvRollout, FederatedVecEnv, GenericFederatedVecEnv, NativeFederatedVecEnv
 from fedrl_wrappers import federated as federated
-from fedrl_wrappers.federated import _DEPRECATED, _deprecated
 
 __all__ = ["EnvRollout", "FederatedVecEnv", "GenericFederatedVecEnv", "NativeFederatedVecEnv"]
-
-
-def __getattr__(name: str) -> Any:
-    # Deprecated names (``Trajectories``, now ``EnvRollout``) are the federated module's.
-    if name in _DEPRECATED:
-        return _deprecated(__name__, name, stacklevel=2)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

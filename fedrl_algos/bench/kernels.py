@@ -7,7 +7,7 @@ a realistic share of trajectories reaches the goal). For every trajectory count 
 for ``FastMlpPolicy(kernels="torch")`` and ``kernels="numba"`` alternately (``repeats`` times,
 medians):
 
-* **rollout** — ``m`` trajectories a row (:func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`);
+* **rollout** — ``m`` trajectories a row (:func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout`);
 * **policy gradient** — the REINFORCE/GPOMDP estimate of those trajectories;
 * **curvature product** — the exact variant's ``Ĥv`` (:func:`~fedrl_algos.core.curvature.curvature_vector_product`)
   with the paper's estimator (only rewarded trajectories count) and with the causal one (every
@@ -97,7 +97,7 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
     from fedrl_algos.core.curvature import curvature_vector_product
     from fedrl_algos.core.estimators import policy_gradient
     from fedrl_algos.policies import FastMlpPolicy
-    from fedrl_algos.policies.mlp_kernels import mlp_rollout
+    from fedrl_algos.policies.mlp.kernels import mlp_rollout
     from fedrl_envs import ARC_NAVIGATION, RandomStreams, derive_keys, stack_params
     from fedrl_envs.fused import numba_available
 
@@ -106,6 +106,7 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
     task = ARC_NAVIGATION.train_tasks[0]
     policies = {k: FastMlpPolicy(ARC_NAVIGATION.observation_space(task), ARC_NAVIGATION.action_space(task), kernels=k)
                 for k in ("torch", "numba")}
+    nets = {k: policy.softmax_mlp for k, policy in policies.items()}
     gen = torch.Generator().manual_seed(seed)
     base = policies["torch"].theta.detach()
     theta = base + spread * torch.randn(rows, base.numel(), generator=gen)
@@ -117,7 +118,7 @@ def bench_kernels(trajectories: Sequence[int] = (10, 1000), rows: int = 60, repe
     records = []
     for m in trajectories:
         def roll(kernels: str, m: int = m) -> object:
-            return mlp_rollout(ARC_NAVIGATION, params, policies[kernels], theta, RandomStreams(keys), m)
+            return mlp_rollout(ARC_NAVIGATION, params, nets[kernels], theta, RandomStreams(keys), m)
 
         traj = roll("torch")
         rewarded = float((traj.rewards.sum(-1) > 0).double().mean())

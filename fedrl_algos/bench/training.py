@@ -39,7 +39,7 @@ CONFIGS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "mfpo-cartpole": ("MFPO", "MlpPolicy", "fedrl/CartPole-v0", {}),
     "fedpg_br-cartpole": ("FedPGBR", "MlpPolicy", "fedrl/CartPole-v0", {}),
     "per_fedavg_pg-arc": ("PerFedAvgPG", "MlpPolicy", "fedrl/ArcNavigation-v0", {}),
-    # the compiled rollouts and gradients of FastMlpPolicy (fedrl_algos.policies.mlp_compiled); needs Numba
+    # the compiled rollouts and gradients of FastMlpPolicy (fedrl_algos.policies.mlp.compiled); needs Numba
     "per_fedavg_pg-arc-numba": ("PerFedAvgPG", "FastMlpPolicy", "fedrl/ArcNavigation-v0", {"kernels": "numba"}),
 }
 

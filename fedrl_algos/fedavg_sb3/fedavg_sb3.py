@@ -37,6 +37,7 @@ import fedrl_envs
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.common.model_file import (
     ModelFileError,
+    class_path,
     collect_save_data,
     decode,
     encode,
@@ -49,7 +50,6 @@ from fedrl_algos.fedavg_sb3.persistence import (
     FORMAT_VERSION,
     agent_kwargs_from_json,
     agent_kwargs_to_json,
-    class_path,
     import_class,
     read_archive,
     replay_buffer_member,

@@ -33,7 +33,6 @@ __all__ = [
     "FORMAT_VERSION",
     "agent_kwargs_from_json",
     "agent_kwargs_to_json",
-    "class_path",
     "import_class",
     "read_archive",
     "replay_buffer_member",
@@ -91,16 +90,9 @@ def agent_kwargs_from_json(text: str) -> list[dict[str, Any]]:
     return json.loads(text, object_hook=_json_hook)
 
 
-def class_path(cls: type) -> str:
-    """``"module:qualname"`` of a class, as the config stores algorithm and policy classes.
-
-    :param cls: the class
-    """
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 def import_class(path: str, base: type | None = None) -> type:
-    """The class a :func:`class_path` names.
+    """The class a :func:`~fedrl_algos.common.model_file.class_path` names (as the config stores
+    algorithm and policy classes).
 
     With ``base``, only classes already defined in this process are found (a subclass of
     ``base`` or ``base`` itself; nothing is imported, so a file cannot make fedrl import a module);

@@ -32,7 +32,7 @@ from gymnasium import spaces
 from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy
-from fedrl_algos.policies.mlp_compiled import check_kernels
+from fedrl_algos.policies.kernel_choice import check_policy_kernels
 from fedrl_algos.policies.tabular_compiled import (
     compiled_softmax,
     compiled_softmax_applies,
@@ -70,7 +70,7 @@ class TabularPolicy(CategoricalMixin, FlatPolicy):
             raise ValueError(
                 f"policy TabularPolicy needs Discrete observation and action spaces, got {observation_space} and {action_space}"
             )
-        self.kernels = check_kernels(kernels)
+        self.kernels = check_policy_kernels(kernels)
         self.n_states = int(observation_space.n)
         self.n_actions = int(action_space.n)
         super().__init__(observation_space, action_space, dtype)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrl_algos.policies.mlp_compiled import resolve_kernels
+from fedrl_algos.policies.kernel_choice import resolve_kernels
 from fedrl_envs.rng import _U64_GOLDEN, RandomStreams, uniform32_of_finalizer_input_numpy
 
 __all__ = ["compiled_softmax", "compiled_softmax_applies", "compiled_walk_applies", "compiled_walk"]

@@ -52,8 +52,8 @@ from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.per_fedavg_pg import FirstOrderMetaGradient
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
 from fedrl_algos.policies import FastMlpPolicy, is_softmax_mlp
-from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
-from fedrl_algos.policies.mlp_kernels import mlp_rollout
+from fedrl_algos.policies.kernel_choice import check_policy_kernels, resolve_kernels
+from fedrl_algos.policies.mlp.kernels import mlp_rollout
 from fedrl_algos.reproduce.common import (
     Experiment,
     ExperimentOutput,
@@ -112,7 +112,7 @@ _HELDOUT_STREAM = 1 << 45
 def fast_rollout(family, params, policy, theta: torch.Tensor, streams: RandomStreams, n: int) -> Trajectories:
     """:func:`~fedrl_algos.core.sampling.rollout`, through the fused MLP kernel where it applies (same result)."""
     if is_softmax_mlp(policy):
-        return mlp_rollout(family, params, policy, theta, streams, n)
+        return mlp_rollout(family, params, policy.softmax_mlp, theta, streams, n)
     return rollout(family, params, policy, theta, streams, n)
 
 
@@ -208,7 +208,7 @@ class MetaTrainingConfig(FederatedTrainingConfig):
     """intra-op threads on CPU (see :data:`CPU_THREADS`)"""
     kernels: str = "auto"
     """the arc policy's kernels: ``"numba"`` (compiled rollouts and policy gradients on the CPU,
-    :mod:`fedrl_algos.policies.mlp_compiled`), ``"torch"``, or ``"auto"`` (``"numba"`` on a CPU with
+    :mod:`fedrl_algos.policies.mlp.compiled`), ``"torch"``, or ``"auto"`` (``"numba"`` on a CPU with
     Numba installed); the two give statistically the same results, not bitwise the same numbers"""
     workers: int = DEFAULT_WORKERS
     """parts of the program run at once on CPU (:mod:`fedrl_algos.reproduce.parallel`): curvature's
@@ -220,7 +220,7 @@ class MetaTrainingConfig(FederatedTrainingConfig):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
-        check_kernels(self.kernels)
+        check_policy_kernels(self.kernels)
         check_adaptation_baseline(self.outer_baseline, "outer_baseline")
 
 

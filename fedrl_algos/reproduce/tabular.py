@@ -43,7 +43,7 @@ from fedrl_algos.core.federation import Federation
 from fedrl_algos.per_fedavg_pg import ExactMetaGradient, FirstOrderMetaGradient
 from fedrl_algos.per_fedavg_pg.update import per_fedavg_pg_round
 from fedrl_algos.policies import TabularPolicy
-from fedrl_algos.policies.mlp_compiled import check_kernels, resolve_kernels
+from fedrl_algos.policies.kernel_choice import check_policy_kernels, resolve_kernels
 from fedrl_algos.reproduce.common import (
     Experiment,
     ExperimentOutput,
@@ -142,7 +142,7 @@ class _TabularExperimentConfig(TabularConfig):
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
-        check_kernels(self.kernels)
+        check_policy_kernels(self.kernels)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods!r}")

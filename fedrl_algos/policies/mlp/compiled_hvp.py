@@ -1,6 +1,6 @@
 """The curvature product of the paper's softmax MLP as compiled loops: ``FastMlpPolicy(kernels="numba")``.
 
-:func:`compiled_hvp` computes what :func:`~fedrl_algos.policies.mlp_kernels.mlp_hvp` computes,
+:func:`compiled_hvp` computes what :func:`~fedrl_algos.policies.mlp.kernels.mlp_hvp` computes,
 ``(1/m) Σ_ξ [Σ_h ω_h ∇ℓ_h + Σ_h ψ_h ∇²ℓ_h v]`` (the derivation and the signals ``u``, ``q`` are in that
 module's docstring; the couplings ω in :func:`~fedrl_algos.core.curvature.coupled_score_weights`),
 with one pass over the samples instead of about forty torch operations on ``[rows, 32, samples]``
@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
 
 import numpy as np
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_algos.policies.mlp_compiled import _plain_float32, compiled_gradient_applies, unpack_weights
+from fedrl_algos.policies.mlp.compiled import _plain_float32, compiled_gradient_applies
+from fedrl_algos.policies.mlp.network import SoftmaxMlp, unpack_weights
 
 __all__ = ["compiled_hvp", "compiled_hvp_applies", "HVP_TILE_SAMPLES", "HVP_BLOCK_TRAJECTORIES"]
 
@@ -45,19 +45,19 @@ HVP_BLOCK_TRAJECTORIES = 16
 _COUPLING_CODES = {"paper": 0, "lvc": 1, "causal": 2}
 
 
-def compiled_hvp_applies(policy: Any, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> bool:
+def compiled_hvp_applies(net: SoftmaxMlp, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> bool:
     """Whether :func:`compiled_hvp` applies: where the compiled policy gradient applies
-    (:func:`~fedrl_algos.policies.mlp_compiled.compiled_gradient_applies`) with a float32 CPU direction."""
-    return _plain_float32(v.expand_as(theta)) and compiled_gradient_applies(policy, theta, traj, weights)
+    (:func:`~fedrl_algos.policies.mlp.compiled.compiled_gradient_applies`) with a float32 CPU direction."""
+    return _plain_float32(v.expand_as(theta)) and compiled_gradient_applies(net, theta, traj, weights)
 
 
 def compiled_hvp(
-    policy: Any, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str = "paper",
+    net: SoftmaxMlp, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor, coupling: str = "paper",
     tile_samples: int | None = None,
 ) -> torch.Tensor:
-    """:func:`~fedrl_algos.policies.mlp_kernels.mlp_hvp` through the compiled loops: ``[*B, d]``.
+    """:func:`~fedrl_algos.policies.mlp.kernels.mlp_hvp` through the compiled loops: ``[*B, d]``.
 
-    :param policy: a discrete MlpPolicy with one tanh hidden layer
+    :param net: the network (``MlpPolicy.softmax_mlp``)
     :param theta: parameters ``[*B, d]`` the trajectories were sampled with
     :param traj: trajectories ``[*B, m, T, ...]``
     :param v: direction ``[*B, d]`` (or broadcastable to it)
@@ -83,15 +83,15 @@ def compiled_hvp(
         mask = traj.mask.to(torch.float32).reshape(rows * m, steps).index_select(0, which).reshape(-1).contiguous().numpy()
         row_of = (which // m).numpy()
         row_start = np.searchsorted(row_of, np.arange(rows + 1)) * steps  # sample offset of each row's segment
-        _run_tiles(policy, th, vv, x, acts, psi_s, mask, row_start, steps, _COUPLING_CODES[coupling],
+        _run_tiles(net, th, vv, x, acts, psi_s, mask, row_start, steps, _COUPLING_CODES[coupling],
                    tile_samples or HVP_TILE_SAMPLES, total)
     return torch.from_numpy((total / m).astype(np.float32)).reshape(*batch, d)
 
 
-def _run_tiles(policy, th, vv, x, acts, psi, mask, row_start, steps, coupling, tile_samples, total) -> None:
+def _run_tiles(net, th, vv, x, acts, psi, mask, row_start, steps, coupling, tile_samples, total) -> None:
     loops = _hvp_loops()
-    w1, b1, w2, b2 = unpack_weights(policy, th)
-    v1, c1, v2, c2 = unpack_weights(policy, vv)
+    w1, b1, w2, b2 = unpack_weights(net, th)
+    v1, c1, v2, c2 = unpack_weights(net, vv)
     a1, a1b = (2.0 * w1).contiguous().numpy(), (2.0 * b1).contiguous().numpy()
     w2n, b2n = w2.contiguous().numpy(), b2.contiguous().numpy()
     v1n, c1n, v2n, c2n = (t.contiguous().numpy() for t in (v1, c1, v2, c2))
@@ -185,7 +185,7 @@ def _curvature(exps, sig, hid, x, actions, psi, mask, w2, v1, c1, v2, c2, seg_ro
     """Add every block's ``Σ_h ω_h ∇ℓ_h + Σ_h ψ_h ∇²ℓ_h v`` to its row of ``total`` (float64, θ's layout
     ``W1 [i, h], b1 [h], W2 [h, o], b2 [o]``). Blocks hold whole trajectories (``steps`` samples each).
 
-    Per sample (``mlp_kernels``' notation): ``p = softmax``, ``g = 1 − h² = 4σ(1 − σ)``,
+    Per sample (the notation of :mod:`.kernels`): ``p = softmax``, ``g = 1 − h² = 4σ(1 − σ)``,
     ``dh = g ⊙ (V1ᵀx + c1)``, ``dl = V2ᵀh + W2ᵀdh + c2 − pᵀ(…)``, ``c = dl_a`` (the directional score),
     ω from the trajectory's ``c`` (coupling 0 paper, 1 lvc, 2 causal), ``δ = e_a − p``,
     ``q = ψδ``, ``u = ωδ − ψ p ⊙ dl``; then ``∇b2 += u``, ``∇W2 += h uᵀ + dh qᵀ``,

@@ -3,7 +3,9 @@
 For ``π(·|x; θ) = softmax(W2ᵀ tanh(W1ᵀx + b1) + b2)`` (:class:`~fedrl_algos.policies.MlpPolicy` with
 one ``tanh`` hidden layer and a ``Discrete`` action space) this module computes, without autograd
 (``MlpPolicy.score_gradient``/``hvp`` call these for such a network; ``ψ_h`` are the step weights,
-``R^h`` for the paper's estimators):
+``R^h`` for the paper's estimators). Each function takes the network as a
+:class:`~fedrl_algos.policies.mlp.network.SoftmaxMlp` (``policy.softmax_mlp``: its sizes and kernel
+choice), not the policy:
 
 * :func:`mlp_policy_gradient` — the score-function estimate ``(1/m) Σ_ξ Σ_h ∇log π(a_h|s_h) ψ_h``
   (hand-written backprop);
@@ -38,25 +40,23 @@ signal ``u = c_ξ w δ + w dδ`` plus the extra terms ``dh (wδ)ᵀ`` (W2) and `
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from fedrl_algos.core.curvature import coupled_score_weights
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
-from fedrl_algos.policies.mlp_compiled import (
+from fedrl_algos.policies.mlp.compiled import (
     compiled_gradient_applies,
     compiled_policy_gradient,
     compiled_rollout,
     compiled_rollout_applies,
 )
-from fedrl_algos.policies.mlp_compiled import unpack_weights as _unpack
-from fedrl_algos.policies.mlp_compiled_hvp import compiled_hvp, compiled_hvp_applies
+from fedrl_algos.policies.mlp.compiled_hvp import compiled_hvp, compiled_hvp_applies
+from fedrl_algos.policies.mlp.network import SoftmaxMlp
+from fedrl_algos.policies.mlp.network import unpack_weights as _unpack
 from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams
-
-if TYPE_CHECKING:
-    from fedrl_algos.policies.mlp import MlpPolicy
 
 __all__ = [
     "CHUNK_SAMPLES",
@@ -72,11 +72,6 @@ __all__ = [
 CHUNK_SAMPLES = 8192
 #: the same for the policy gradient, whose tiles are cheaper (measured fastest on 2 CPU cores)
 PG_CHUNK_SAMPLES = 2048
-
-
-def _check(policy: Any) -> None:
-    if not policy.is_softmax_mlp:
-        raise ValueError("the closed-form MLP kernels need a discrete MlpPolicy with one tanh hidden layer")
 
 
 def _pack(gw1: torch.Tensor, gb1: torch.Tensor, gw2: torch.Tensor, gb2: torch.Tensor) -> torch.Tensor:
@@ -99,7 +94,7 @@ def _softmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.div_(logits.sum(-2, keepdim=True))
 
 
-def _flat_inputs(policy: MlpPolicy, theta: torch.Tensor, obs: torch.Tensor, n_batch: int):
+def _flat_inputs(theta: torch.Tensor, obs: torch.Tensor, n_batch: int):
     """Flatten ``theta [*B, d]`` to ``[R, d]`` and ``obs [*B, *M, i]`` to feature-major ``[R, i, N]``."""
     rows = math.prod(theta.shape[:n_batch])
     th = theta.reshape(rows, theta.shape[-1])
@@ -112,7 +107,7 @@ def _flat_inputs(policy: MlpPolicy, theta: torch.Tensor, obs: torch.Tensor, n_ba
 # --------------------------------------------------------------------------------------------
 
 
-def mlp_sample(policy: MlpPolicy, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
+def mlp_sample(net: SoftmaxMlp, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
     """Actions ``[*B, *M]`` for ``theta [*B, d]``, ``obs [*B, *M, i]``, one random stream per row.
 
     Draws the same uniforms as :meth:`MlpPolicy.sample` and applies the same inverse-CDF rule
@@ -122,37 +117,36 @@ def mlp_sample(policy: MlpPolicy, theta: torch.Tensor, obs: torch.Tensor, stream
     """
     n_batch = streams.keys.dim()
     m_shape = obs.shape[n_batch:-1]
-    th, xt = _flat_inputs(policy, theta.expand(*obs.shape[:n_batch], theta.shape[-1]), obs, n_batch)
+    th, xt = _flat_inputs(theta.expand(*obs.shape[:n_batch], theta.shape[-1]), obs, n_batch)
     u = streams.uniform(m_shape, dtype=theta.dtype).reshape(th.shape[0], 1, -1)
-    w1, b1, w2, b2 = _unpack(policy, th)
+    w1, b1, w2, b2 = _unpack(net, th)
     # logits = W2ᵀ(2σ(2z) − 1) + b2 = (2W2)ᵀσ(2z) + (b2 − W2ᵀ1)
     s = torch.baddbmm((2.0 * b1).unsqueeze(-1), (2.0 * w1).transpose(-1, -2), xt).sigmoid_()
     logits = torch.baddbmm((b2 - w2.sum(-2)).unsqueeze(-1), (2.0 * w2).transpose(-1, -2), s)
     cdf = logits.sub_(logits.amax(-2, keepdim=True)).exp_().cumsum_(-2)
-    actions = (cdf < cdf[:, -1:, :] * u).sum(-2).clamp_(max=policy.action_dim - 1)
+    actions = (cdf < cdf[:, -1:, :] * u).sum(-2).clamp_(max=net.n_actions - 1)
     return actions.reshape(*obs.shape[:n_batch], *m_shape)
 
 
 def mlp_rollout(
     family: Any,
     params: Any,
-    policy: MlpPolicy,
+    net: SoftmaxMlp,
     theta: torch.Tensor,
     streams: RandomStreams,
     n_trajectories: int,
     horizon: int | None = None,
 ):
-    """:func:`~fedrl_algos.core.sampling.generic_rollout` specialised to this policy: the same trajectories.
+    """:func:`~fedrl_algos.core.sampling.generic_rollout` specialised to this network: the same trajectories.
 
     Bitwise the trajectories ``generic_rollout(..., FastMlpPolicy, ...)`` returns (same random
     numbers in the same order, same sampling rule, streams left in the same state), with the whole
     episode's uniforms drawn in one call and the network's transformed weights computed once instead
     of at every step: about half the per-step operations, which is what small batches pay for.
     """
-    _check(policy)
-    transition = compiled_rollout_applies(policy, family, params, theta)
+    transition = compiled_rollout_applies(net, family, params, theta)
     if transition is not None:
-        return compiled_rollout(family, params, policy, theta, streams, n_trajectories, transition, horizon)
+        return compiled_rollout(family, params, net, theta, streams, n_trajectories, transition, horizon)
     batch = theta.shape[:-1]
     m = check_rollout_batch(theta, streams, n_trajectories)
     rows = math.prod(batch)
@@ -163,10 +157,10 @@ def mlp_rollout(
     noise = streams.uniform((m, family.reset_noise_dim))
     uniforms = streams.uniform((steps, m), dtype=theta.dtype).reshape(rows, steps, 1, m)
     state = family.reset(row_params, noise.reshape(rows * m, -1))
-    w1, b1, w2, b2 = _unpack(policy, theta.reshape(rows, -1))
+    w1, b1, w2, b2 = _unpack(net, theta.reshape(rows, -1))
     a1, a1b = (2.0 * w1).transpose(-1, -2), (2.0 * b1).unsqueeze(-1)
     a2, a2b = (2.0 * w2).transpose(-1, -2), (b2 - w2.sum(-2)).unsqueeze(-1)
-    last = policy.action_dim - 1
+    last = net.n_actions - 1
     obs_list, act_list, rew_list, done_list = [], [], [], []
     for t in range(steps):
         obs = family.observe(state, row_params)
@@ -209,7 +203,7 @@ def _blocks(rows: int, m: int, steps: int, chunk_samples: int | None) -> list[tu
     ]
 
 
-def _prepare(policy, theta, traj, weights):
+def _prepare(theta, traj, weights):
     n_batch = theta.dim() - 1
     batch = theta.shape[:-1]
     rows = math.prod(batch)
@@ -233,21 +227,20 @@ def _tile(x: torch.Tensor, r0: int, nr: int, t0: int, nt: int) -> torch.Tensor:
 
 
 def mlp_policy_gradient(
-    policy: MlpPolicy, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor, chunk_samples: int | None = None
+    net: SoftmaxMlp, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor, chunk_samples: int | None = None
 ) -> torch.Tensor:
     """Closed form of :func:`~fedrl_algos.core.estimators.autograd_score_gradient`: ``[*B, d]``.
 
-    :param policy: a discrete MlpPolicy with one tanh hidden layer
+    :param net: the network (``MlpPolicy.softmax_mlp``)
     :param theta: parameters ``[*B, d]``
     :param traj: trajectories ``[*B, m, T, ...]``
     :param weights: step weights ``ψ [*B, m, T]``
     :param chunk_samples: samples per tile (default :data:`PG_CHUNK_SAMPLES`)
     """
-    _check(policy)
-    if compiled_gradient_applies(policy, theta, traj, weights):
-        return compiled_policy_gradient(policy, theta, traj, weights)
-    _, batch, rows, th, m, steps, _, weight, obs, actions = _prepare(policy, theta, traj, weights)
-    w1, b1, w2, b2 = _unpack(policy, th)
+    if compiled_gradient_applies(net, theta, traj, weights):
+        return compiled_policy_gradient(net, theta, traj, weights)
+    _, batch, rows, th, m, steps, _, weight, obs, actions = _prepare(theta, traj, weights)
+    w1, b1, w2, b2 = _unpack(net, th)
     w2t = w2.transpose(-1, -2)
     total = torch.zeros_like(th)
     for r0, nr, t0, nt in _blocks(rows, m, steps, chunk_samples or PG_CHUNK_SAMPLES):
@@ -287,7 +280,7 @@ def _contributing_first(weight: torch.Tensor, per_row: int) -> tuple[torch.Tenso
 
 
 def mlp_hvp(
-    policy: MlpPolicy, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor,
+    net: SoftmaxMlp, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor,
     chunk_samples: int | None = None, coupling: str = "paper",
 ) -> torch.Tensor:
     """Closed form of :func:`~fedrl_algos.core.estimators.autograd_hvp`: ``(1/m) Σ_ξ u(ξ; θ) v``, ``[*B, d]``.
@@ -303,12 +296,11 @@ def mlp_hvp(
     result therefore depends only on its own data, not on the rest of the batch.
 
     With ``kernels="numba"`` (float32 on the CPU) the compiled loops of
-    :mod:`~fedrl_algos.policies.mlp_compiled_hvp` compute it instead (the same quantity, rounded differently).
+    :mod:`~fedrl_algos.policies.mlp.compiled_hvp` compute it instead (the same quantity, rounded differently).
     """
-    _check(policy)
-    if chunk_samples is None and compiled_hvp_applies(policy, theta, traj, v, weights):
-        return compiled_hvp(policy, theta, traj, v, weights, coupling)
-    _, batch, rows, th, m, steps, mask, weight, obs, actions = _prepare(policy, theta, traj, weights)
+    if chunk_samples is None and compiled_hvp_applies(net, theta, traj, v, weights):
+        return compiled_hvp(net, theta, traj, v, weights, coupling)
+    _, batch, rows, th, m, steps, mask, weight, obs, actions = _prepare(theta, traj, weights)
     total_samples = chunk_samples or CHUNK_SAMPLES
     per_row = max(1, min(m, max(1, total_samples // 8) // max(1, steps)))
     row_block = max(1, total_samples // (per_row * max(1, steps)))
@@ -323,8 +315,8 @@ def mlp_hvp(
     weight, mask = weight[r_idx, t_idx], mask[r_idx, t_idx]
     th, vv = th.index_select(0, row_order), v.to(th.dtype).expand(*batch, th.shape[-1]).reshape(rows, -1)
     vv = vv.index_select(0, row_order)
-    w1, b1, w2, b2 = _unpack(policy, th)
-    v1, c1, v2, c2 = _unpack(policy, vv)
+    w1, b1, w2, b2 = _unpack(net, th)
+    v1, c1, v2, c2 = _unpack(net, vv)
     n_out = w2.shape[-1]
     w2t, v1t, v2t = w2.transpose(-1, -2), v1.transpose(-1, -2), v2.transpose(-1, -2)
     w2v2 = torch.cat([w2, v2], dim=-1)  # [R, h, 2o]: W2·u + V2·q in one product

@@ -1,9 +1,11 @@
-"""Multilayer perceptron policies: softmax (``Discrete``) or Gaussian (``Box``) heads over flat θ.
+"""The multilayer perceptron policies :class:`MlpPolicy` and :class:`FastMlpPolicy` (θ's layout: the package docstring).
 
-Layout of θ: per layer ``W`` (``[in, out]``, row-major) then ``b`` (``[out]``), layers in order,
-then (Gaussian head) the ``log_std`` vector. The paper's arc-navigation network 2 → 32 tanh → 8 has
-``d = 2·32 + 32 + 32·8 + 8 = 360``; for it the policy gradient and the Hessian-vector product are
-closed forms (:mod:`fedrl_algos.policies.mlp_kernels`).
+For the paper's softmax network the policy gradient and the Hessian-vector product are closed forms
+(:mod:`fedrl_algos.policies.mlp.kernels`).
+
+The classes are known by the package's name, ``fedrl_algos.policies.mlp`` (their ``__module__``),
+where they are imported from and what model files saved before this module moved record as their
+class path (``fedrl_algos.common.model_file.class_path``): those files load, and pickles of them too.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
-from fedrl_algos.policies.mlp_compiled import check_kernels
-from fedrl_algos.policies.mlp_kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
+from fedrl_algos.policies.kernel_choice import check_policy_kernels
+from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
+from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs.rng import RandomStreams, derive_keys
 
 __all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
 
-# The activations known by name; their functions are what the closed forms of mlp_kernels assume.
+#: the classes' module as saved model files and pickles name it: the package, not this module
+_PUBLIC_MODULE = "fedrl_algos.policies.mlp"
+
+# The activations known by name; their functions are what the closed forms of .kernels assume.
 _NAMED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "relu": torch.relu}
 _ACTIVATION_NAMES: dict[type[nn.Module], str] = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 
@@ -104,6 +110,8 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         ``Box``'s bounds, which must be finite); ``Box`` actions only
     :param dtype: parameter dtype
     """
+
+    __module__ = _PUBLIC_MODULE
 
     def __init__(
         self,
@@ -199,19 +207,30 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     @property
     def is_softmax_mlp(self) -> bool:
         """Whether this is the paper's network: ``Discrete`` actions and one ``tanh`` hidden layer
-        (then :meth:`score_gradient` and :meth:`hvp` are closed forms, :mod:`.mlp_kernels`)."""
+        (then :meth:`score_gradient` and :meth:`hvp` are closed forms, :mod:`.kernels`)."""
         return not self.gaussian and not self.one_hot_observations and len(self.sizes) == 3 and self.activation_name == "tanh"
+
+    @property
+    def softmax_mlp(self) -> SoftmaxMlp:
+        """This network as the closed forms of :mod:`.kernels` take it (its sizes and kernel choice).
+
+        :raises ValueError: when it is not the paper's network (:attr:`is_softmax_mlp`)
+        """
+        if not self.is_softmax_mlp:
+            raise ValueError("the closed-form MLP kernels need a discrete MlpPolicy with one tanh hidden layer")
+        n_inputs, n_hidden, n_actions = self.sizes
+        return SoftmaxMlp(n_inputs, n_hidden, n_actions)
 
     def score_gradient(self, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`FlatPolicy.score_gradient`; hand-written backprop for the paper's softmax MLP."""
         if self.is_softmax_mlp:
-            return mlp_policy_gradient(self, theta, traj, weights)
+            return mlp_policy_gradient(self.softmax_mlp, theta, traj, weights)
         return super().score_gradient(theta, traj, weights)
 
     def hvp(self, theta: torch.Tensor, traj: Trajectories, v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`FlatPolicy.hvp`; hand-written forward-over-backward for the paper's softmax MLP."""
         if self.is_softmax_mlp:
-            return mlp_hvp(self, theta, traj, v, weights)
+            return mlp_hvp(self.softmax_mlp, theta, traj, v, weights)
         return super().hvp(theta, traj, v, weights)
 
     def curvature_hvp(
@@ -219,7 +238,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
     ) -> torch.Tensor:
         """:meth:`FlatPolicy.curvature_hvp`; the closed form of :meth:`hvp` with another coupling for the paper's softmax MLP."""
         if self.is_softmax_mlp:
-            return mlp_hvp(self, theta, traj, v, weights, coupling=coupling)
+            return mlp_hvp(self.softmax_mlp, theta, traj, v, weights, coupling=coupling)
         return super().curvature_hvp(theta, traj, v, weights, coupling)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
@@ -242,19 +261,19 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
 
 
 class FastMlpPolicy(MlpPolicy):
-    """:class:`MlpPolicy` whose sampling uses the fused kernels of :mod:`.mlp_kernels`.
+    """:class:`MlpPolicy` whose sampling uses the fused kernels of :mod:`.kernels`.
 
     Same parameters, initialization, ``log_prob`` and save format; for the paper's softmax MLP
-    (discrete actions, one tanh hidden layer) ``sample`` is :func:`~.mlp_kernels.mlp_sample` and
-    rollouts through a family's kernels are :func:`~.mlp_kernels.mlp_rollout` (same random numbers,
+    (discrete actions, one tanh hidden layer) ``sample`` is :func:`~.kernels.mlp_sample` and
+    rollouts through a family's kernels are :func:`~.kernels.mlp_rollout` (same random numbers,
     same rule, about 5× faster on CPU for large batches). Its draws agree with
     :meth:`MlpPolicy.sample` except where a uniform falls within rounding error of a CDF boundary,
     so runs with the two policies are not bitwise comparable.
 
     ``kernels="numba"`` (``pip install "fedrl[fast]"``) runs the rollouts through a family with a
     compiled transition (arc navigation) and the policy gradients as compiled loops on the CPU
-    (:mod:`.mlp_compiled`: rollouts 3×, gradients 2.3× faster at the neural experiments' batches; the
-    curvature products, :mod:`.mlp_compiled_hvp`, 1.7–2.3×; reproducible, not bitwise
+    (:mod:`.compiled`: rollouts 3×, gradients 2.3× faster at the neural experiments' batches; the
+    curvature products, :mod:`.compiled_hvp`, 1.7–2.3×; reproducible, not bitwise
     the torch kernels' numbers); ``"auto"`` is ``"numba"`` where Numba is installed. Elsewhere (CUDA,
     float64, other families, gradients through θ) the torch kernels run.
 
@@ -263,8 +282,10 @@ class FastMlpPolicy(MlpPolicy):
     :param kwargs: as :class:`MlpPolicy`
     """
 
+    __module__ = _PUBLIC_MODULE
+
     def __init__(self, *args: Any, kernels: str = "torch", **kwargs: Any) -> None:
-        self.kernels = check_kernels(kernels)
+        self.kernels = check_policy_kernels(kernels)
         super().__init__(*args, **kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
@@ -273,20 +294,25 @@ class FastMlpPolicy(MlpPolicy):
             data.update(kernels=self.kernels)
         return data
 
+    @property
+    def softmax_mlp(self) -> SoftmaxMlp:
+        """:attr:`MlpPolicy.softmax_mlp` with this policy's ``kernels``."""
+        return super().softmax_mlp._replace(kernels=self.kernels)
+
     def sample(self, theta: torch.Tensor, obs: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
         if not self.is_softmax_mlp:
             return super().sample(theta, obs, streams)
-        return mlp_sample(self, theta, obs, streams)
+        return mlp_sample(self.softmax_mlp, theta, obs, streams)
 
     def kernel_rollout_plan(self, family: Any, params: Any) -> KernelRolloutPlan | None:
-        """:func:`~.mlp_kernels.mlp_rollout` for the paper's network (not with early stopping)."""
+        """:func:`~.kernels.mlp_rollout` for the paper's network (not with early stopping)."""
         if not self.is_softmax_mlp:
             return None
 
         def plan(theta: torch.Tensor, streams: RandomStreams, n_trajectories: int, horizon: int, stop_when_done: bool) -> Trajectories | None:
             if stop_when_done:
                 return None
-            return mlp_rollout(family, params, self, theta, streams, n_trajectories, horizon)
+            return mlp_rollout(family, params, self.softmax_mlp, theta, streams, n_trajectories, horizon)
 
         return plan
 

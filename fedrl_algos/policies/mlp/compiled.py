@@ -1,13 +1,13 @@
 """Compiled rollouts and policy gradients of the paper's softmax MLP: ``FastMlpPolicy(kernels="numba")``.
 
-On the CPU a rollout of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` costs about 30 torch
+On the CPU a rollout of :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout` costs about 30 torch
 operations a time step, and at the batches of the neural experiments (60 rows × 10 trajectories)
 each of them is a few microseconds of dispatch plus, for the two batched matrix products, one small
 BLAS call per row: about 0.3 ms a time step. Here a time step is four calls, two loops compiled
 by `Numba <https://numba.pydata.org>`_ and torch's vectorized ``sigmoid_`` and ``exp_``:
 
 1. ``σ`` of the hidden pre-activations ``2W1ᵀx + 2b1``, in place (torch);
-2. the logits in the σ form of :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`,
+2. the logits in the σ form of :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout`,
    ``(2W2)ᵀσ + (b2 − W2ᵀ1)``, less their maximum (compiled);
 3. ``exp`` in place (torch);
 4. one compiled pass that draws every action by the same inverse-CDF rule from the same uniforms,
@@ -37,7 +37,7 @@ error of a CDF boundary may differ, and the trajectories part from there. Runs a
 reproducible (same seed, same bits, on any batch) but not bitwise comparable with
 ``kernels="torch"`` (``tests/test_compiled_mlp.py`` bounds the differences; ``docs/reproduction.md``
 compares the experiments' results). The curvature products (Hessian-vector products) run as
-compiled loops too: :mod:`fedrl_algos.policies.mlp_compiled_hvp`.
+compiled loops too: :mod:`fedrl_algos.policies.mlp.compiled_hvp`.
 
 Numba is optional (``pip install "fedrl[fast]"``); the loops are compiled on first use and cached on
 disk (:func:`fedrl_envs.fused.compile_loop`).
@@ -47,23 +47,21 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch
+from fedrl_algos.policies.kernel_choice import resolve_kernels
+from fedrl_algos.policies.mlp.network import SoftmaxMlp, unpack_weights
 from fedrl_envs.fused import numba_available
 from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams, uniform32_of_finalizer_input_numpy, uniform32_rows_numpy
 
-__all__ = ["KERNELS", "check_kernels", "resolve_kernels", "compiled_rollout_applies", "compiled_rollout",
-           "compiled_gradient_applies", "compiled_policy_gradient", "unpack_weights", "GRADIENT_CHUNK_SAMPLES"]
+__all__ = ["compiled_rollout_applies", "compiled_rollout", "compiled_gradient_applies", "compiled_policy_gradient",
+           "GRADIENT_CHUNK_SAMPLES"]
 
-#: the kernel choices of ``FastMlpPolicy``: ``"torch"`` (:mod:`.mlp_kernels`), ``"numba"`` (this
-#: module, where it applies; the torch kernels elsewhere) and ``"auto"`` (``"numba"`` when Numba is installed)
-KERNELS = ("torch", "numba", "auto")
 #: samples (rows × trajectories × steps) of one tile of the policy gradient: the ``[rows, n, 32]``
 #: hidden activations stay around a few megabytes
 GRADIENT_CHUNK_SAMPLES = 32768
@@ -78,43 +76,18 @@ ENV_BLOCK = 1024
 SEGMENT_BLOCK = 8192
 
 
-def check_kernels(kernels: Any) -> str:
-    """``kernels`` if it is one of :data:`KERNELS` (``ValueError`` naming the argument otherwise)."""
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
-    return kernels
-
-
-def resolve_kernels(kernels: str, device: str | torch.device = "cpu") -> str:
-    """The kernels that run: ``"numba"`` on a CPU with Numba installed when ``kernels`` is ``"numba"``
-    or ``"auto"``, else ``"torch"`` (what the experiments record in ``settings.kernels``).
-
-    An explicit ``"numba"`` that cannot run (no Numba, or not a CPU) warns once and runs the torch
-    kernels, as ``FastMlpPolicy`` does.
-    """
-    check_kernels(kernels)
-    if kernels == "torch":
-        return "torch"
-    if torch.device(device).type == "cpu" and numba_available():
-        return "numba"
-    if kernels == "numba":
-        warnings.warn(f'kernels="numba" runs only on a CPU with Numba installed (pip install "fedrl[fast]"); '
-                      f"the torch kernels run on {torch.device(device)}", stacklevel=2)
-    return "torch"
-
-
 def _plain_float32(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad
 
 
-def compiled_rollout_applies(policy: Any, family: Any, params: Any, theta: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
+def compiled_rollout_applies(net: SoftmaxMlp, family: Any, params: Any, theta: torch.Tensor) -> tuple[Any, tuple[Any, ...]] | None:
     """The family's compiled transition and its data when a compiled rollout applies, else ``None``.
 
-    It applies to a ``FastMlpPolicy`` built with ``kernels="numba"`` (or ``"auto"`` with Numba
-    installed), float32 CPU parameters without gradients, and a family with a compiled transition
-    for these parameters (:meth:`~fedrl_envs.family.TaskFamily.compiled_transition`).
+    It applies to the network of a ``FastMlpPolicy`` built with ``kernels="numba"`` (or ``"auto"``
+    with Numba installed), float32 CPU parameters without gradients, and a family with a compiled
+    transition for these parameters (:meth:`~fedrl_envs.family.TaskFamily.compiled_transition`).
     """
-    if resolve_kernels(getattr(policy, "kernels", "torch"), theta.device) != "numba" or not _plain_float32(theta):
+    if resolve_kernels(net.kernels, theta.device) != "numba" or not _plain_float32(theta):
         return None
     if not numba_available():
         return None
@@ -122,41 +95,30 @@ def compiled_rollout_applies(policy: Any, family: Any, params: Any, theta: torch
     return None if hook is None else hook(params, math.prod(theta.shape[:-1]))
 
 
-def unpack_weights(policy: Any, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``theta [R, d]`` → ``W1 [R, i, h]``, ``b1 [R, h]``, ``W2 [R, h, o]``, ``b2 [R, o]``."""
-    i, h, o = policy.sizes
-    rows = theta.shape[0]
-    w1 = theta[:, : i * h].reshape(rows, i, h)
-    b1 = theta[:, i * h : i * h + h]
-    w2 = theta[:, i * h + h : i * h + h + h * o].reshape(rows, h, o)
-    b2 = theta[:, i * h + h + h * o :]
-    return w1, b1, w2, b2
-
-
 def _as_arrays(*tensors: torch.Tensor) -> tuple[np.ndarray, ...]:
     return tuple(t.contiguous().numpy() for t in tensors)
 
 
-def _rollout_weights(policy: Any, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
+def _rollout_weights(net: SoftmaxMlp, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
     """``theta [R, d]`` as the σ-form weights the rollout loops take: ``2W1 [R, i, h]``, ``2b1 [R, h]``,
     ``2W2 [R, h, o]``, ``b2 − W2ᵀ1 [R, o]`` (``tanh z = 2σ(2z) − 1``: the tensors
-    :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` computes)."""
-    w1, b1, w2, b2 = unpack_weights(policy, theta)
+    :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout` computes)."""
+    w1, b1, w2, b2 = unpack_weights(net, theta)
     return _as_arrays(2.0 * w1, 2.0 * b1, 2.0 * w2, b2 - w2.sum(-2))
 
 
-def _gradient_weights(policy: Any, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
+def _gradient_weights(net: SoftmaxMlp, theta: torch.Tensor) -> tuple[np.ndarray, ...]:
     """``theta [R, d]`` as the gradient loops take it: ``2W1``, ``2b1`` (the pre-activations of σ(2z)),
     ``W2 [R, h, o]``, ``b2 [R, o]`` (the tanh-form logits) and ``W2ᵀ [R, o, h]`` (the backprop)."""
-    w1, b1, w2, b2 = unpack_weights(policy, theta)
+    w1, b1, w2, b2 = unpack_weights(net, theta)
     return _as_arrays(2.0 * w1, 2.0 * b1, w2, b2, w2.transpose(-1, -2))
 
 
 def compiled_rollout(
-    family: Any, params: Any, policy: Any, theta: torch.Tensor, streams: RandomStreams, n_trajectories: int,
+    family: Any, params: Any, net: SoftmaxMlp, theta: torch.Tensor, streams: RandomStreams, n_trajectories: int,
     transition: tuple[Any, tuple[Any, ...]], horizon: int | None = None,
 ) -> Trajectories:
-    """:func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout` through the compiled loops (module docstring).
+    """:func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout` through the compiled loops (module docstring).
 
     The same random numbers in the same order (the streams are left in the same state), the same
     reset and sampling rule.
@@ -178,7 +140,7 @@ def compiled_rollout(
     uniforms = uniforms.reshape(n_envs, steps)
     start = family.reset(repeat_params(params, m), torch.from_numpy(noise).reshape(n_envs, -1))
     state = start.to(torch.float32).reshape(n_envs, -1).numpy().copy()  # an own, writable, contiguous copy
-    a1, a1b, a2, a2b = _rollout_weights(policy, theta.reshape(rows, -1))
+    a1, a1b, a2, a2b = _rollout_weights(net, theta.reshape(rows, -1))
     n_in, n_hidden, n_out = a1.shape[1], a2.shape[1], a2.shape[2]
     if state.shape[1] != n_in:
         raise ValueError(f"observations must have {n_in} features (the policy's input), got {state.shape[1]}")
@@ -242,11 +204,11 @@ def _uniforms(loops: _Loops, streams: RandomStreams, count: int) -> np.ndarray:
     return out
 
 
-def compiled_gradient_applies(policy: Any, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> bool:
-    """Whether :func:`compiled_policy_gradient` applies: the policy's kernels resolve to ``"numba"``,
+def compiled_gradient_applies(net: SoftmaxMlp, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor) -> bool:
+    """Whether :func:`compiled_policy_gradient` applies: the network's kernels resolve to ``"numba"``,
     float32 CPU tensors without gradients (parameters, observations, weights), integer actions."""
     return (
-        resolve_kernels(getattr(policy, "kernels", "torch"), theta.device) == "numba"
+        resolve_kernels(net.kernels, theta.device) == "numba"
         and _plain_float32(theta) and _plain_float32(weights)
         and traj.obs.device.type == "cpu" and not traj.obs.requires_grad and traj.obs.is_floating_point()
         and traj.actions.device.type == "cpu" and not traj.actions.is_floating_point() and traj.actions.dtype != torch.bool
@@ -255,9 +217,9 @@ def compiled_gradient_applies(policy: Any, theta: torch.Tensor, traj: Trajectori
 
 
 def compiled_policy_gradient(
-    policy: Any, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor, chunk_samples: int | None = None
+    net: SoftmaxMlp, theta: torch.Tensor, traj: Trajectories, weights: torch.Tensor, chunk_samples: int | None = None
 ) -> torch.Tensor:
-    """:func:`~fedrl_algos.policies.mlp_kernels.mlp_policy_gradient` through the compiled loops: ``[*B, d]``.
+    """:func:`~fedrl_algos.policies.mlp.kernels.mlp_policy_gradient` through the compiled loops: ``[*B, d]``.
 
     ``(1/m) Σ_ξ Σ_h ∇log π(a_h|s_h) ψ_h``: each sample back-propagated, a trajectory's samples summed
     in float32 in their order, the trajectories' sums in float64, rounded to float32 at the end.
@@ -272,7 +234,7 @@ def compiled_policy_gradient(
     m, steps = traj.rewards.shape[-2], traj.rewards.shape[-1]
     n = m * steps
     th = theta.reshape(rows, d)
-    a1, a1b, w2, b2, w2t = _gradient_weights(policy, th)
+    a1, a1b, w2, b2, w2t = _gradient_weights(net, th)
     n_in, n_hidden, n_out = a1.shape[1], w2.shape[1], w2.shape[2]
     inputs = traj.obs.to(torch.float32).reshape(rows, n, n_in).numpy()
     acts = traj.actions.to(torch.int64).reshape(rows, n).numpy()
@@ -484,7 +446,7 @@ def _act_and_step(exps, uniforms, t, state, data, r0, m, inputs, obs, actions, r
 
     The action is the number of entries of the unnormalized CDF (cumulative sums of ``exps[:, c]``,
     accumulated in float64 and rounded to float32 as torch's ``cumsum`` does) below ``u·CDF[-1]``,
-    at most the last action: :func:`~fedrl_algos.policies.mlp_kernels.mlp_rollout`'s rule.
+    at most the last action: :func:`~fedrl_algos.policies.mlp.kernels.mlp_rollout`'s rule.
     """
     n_out, n = exps.shape
     n_in = inputs.shape[0]
