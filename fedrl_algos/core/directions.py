@@ -97,18 +97,18 @@ class PolicyGradient(GradientEstimator):
 
 
 def local_update(
-    estimator: GradientEstimator, sampler: SamplerFn, theta: torch.Tensor, beta: float, tau: int
+    estimator: GradientEstimator, sampler: SamplerFn, theta: torch.Tensor, step_size: float | torch.Tensor, local_steps: int
 ) -> torch.Tensor:
     """``τ`` local ascent steps ``θ ← θ + β·direction(θ)`` with fresh batches: ``[*B, d]``.
 
     :param estimator: the direction (a :class:`GradientEstimator`)
     :param sampler: draws fresh trajectories: ``sampler(theta, m)``
     :param theta: starting parameters ``[*B, d]``
-    :param beta: step size (a number, or a tensor broadcastable to ``[*B, 1]``)
-    :param tau: number of steps
+    :param step_size: β, the step size (a number, or a tensor broadcastable to ``[*B, 1]``)
+    :param local_steps: τ, the number of steps
     """
-    for _ in range(tau):
-        theta = theta + beta * estimator(sampler, theta)
+    for _ in range(local_steps):
+        theta = theta + step_size * estimator(sampler, theta)
     return theta
 
 

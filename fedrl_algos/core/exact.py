@@ -387,7 +387,8 @@ class TabularEvaluator:
         return after.transpose(0, 1).reshape(shape), before.detach().transpose(0, 1).reshape(shape)
 
     def meta_objective(self, theta: Any, alpha: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """(F(θ), f(θ)): post- and pre-adaptation returns averaged over agents, each ``[*B]``."""
+        """(F(θ), f(θ)): post- and pre-adaptation returns averaged over agents, each ``[*B]`` — the
+        meta-objective of eq. (5), ``F(θ) = (1/n) Σ_i J_i(θ + α∇J_i(θ))``, exactly."""
         after, before = self.meta_objective_per_agent(theta, alpha)
         return after.mean(-1), before.mean(-1)
 
@@ -417,7 +418,8 @@ class TabularEvaluator:
         return self.meta_objective_and_grad(theta, alpha)[2]
 
     def meta_objective_and_grad(self, theta: Any, alpha: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(F(θ), f(θ), ∇F(θ)) from one program: ``[*B]``, ``[*B]`` and the shape of θ."""
+        """(F(θ), f(θ), ∇F(θ)) from one program: ``[*B]``, ``[*B]`` and the shape of θ — ∇F is eq. (6),
+        ``(1/n) Σ_i (I + α∇²J_i(θ)) ∇J_i(θ + α∇J_i(θ))``, by autograd through the exact returns."""
         after, before, meta, (batch, flat) = self._meta_core(theta, alpha)
         layout = (self.dim,) if flat else (self.n_states, self.n_actions)
         grad = meta.mean(0).reshape(*batch, *layout)

@@ -215,7 +215,8 @@ def reinforce(policy, theta: torch.Tensor, traj: Trajectories, gamma: float, bas
 
 @fitted_to_batch
 def log_importance_weights(policy, theta_target: torch.Tensor, theta_behaviour: torch.Tensor, traj: Trajectories) -> torch.Tensor:
-    """``log w_j = Σ_h mask (log π_target(a_h|s_h) − log π_behaviour(a_h|s_h))``: ``[*B, m]``.
+    """``log w_j = Σ_h mask (log π_target(a_h|s_h) − log π_behaviour(a_h|s_h))``: ``[*B, m]`` (MFPO's eq. (4)
+    in log form, ``w = Π π_{θ_{t−1}} / Π π_{θ_t}`` with the target θ_{t−1} and the behaviour θ_t).
 
     ``w_j = p(τ_j | θ_target) / p(τ_j | θ_behaviour)`` (the transition terms cancel) for trajectories
     drawn with ``θ_behaviour``.

@@ -368,7 +368,7 @@ class FedPGBRUpdate:
         optimizer_state: AdamState | None = None,
         on_reject: OnReject | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """One round: ``theta [*R, d]`` → new server parameters ``[*R, d]`` and diagnostics.
+        """One round of Algorithm 1 (SCSG): ``theta [*R, d]`` → new server parameters ``[*R, d]`` and diagnostics.
 
         Reports that are unusable (:meth:`check_reports`) are rejected before the filter, which
         then treats those agents as absent; with no usable report in a run its server skips the

@@ -342,7 +342,8 @@ class MFPOUpdate:
         )
 
     def round(self, sampler, state: MFPOState, on_reject: OnReject | None = None) -> tuple[MFPOState, dict[str, Any]]:
-        """K local steps ending with the global phase; ``state.step`` must be a multiple of K.
+        """One round of Algorithm 1: K local steps ending with the global phase; ``state.step`` must be a
+        multiple of K.
 
         :param on_reject: see :meth:`local_step` (a run with no valid agent returns to ``state``)
         :return: the new state and the last step's diagnostics, with ``env_steps`` and
