@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,22 +18,26 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NAME = re.compile(r"`((?:fedrl_algos|fedrl_envs|fedrl_wrappers|wrappers)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
 
 
-def _resolves(name: str) -> bool:
+def _resolve(name: str) -> object:
+    """The object a dotted name names: the longest importable module prefix, then attributes."""
     parts = name.split(".")
     for i in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # deprecated aliases still count
-                for attribute in parts[i:]:
-                    obj = getattr(obj, attribute)
-        except AttributeError:
-            return False
-        return True
-    return False
+        for attribute in parts[i:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ImportError(name)
+
+
+def _resolves(name: str) -> bool:
+    try:
+        _resolve(name)
+    except (ImportError, AttributeError):
+        return False
+    return True
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -52,19 +55,6 @@ def test_the_resolver_can_fail() -> None:
 
 #: the tag a row of the equation table starts with: ``eq. (N)``, ``Algorithm N``, ``section X``
 EQUATION_TAG = re.compile(r"^(?:eq\. (\(\d+\))|(Algorithm [\d.]+)|(section [\w-]+))")
-
-
-def _resolve(name: str):
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attribute in parts[i:]:
-            obj = getattr(obj, attribute)
-        return obj
-    raise ImportError(name)
 
 
 def equation_rows() -> list[tuple[str, str, str]]:
