@@ -828,6 +828,71 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         n = self.n_envs
         return obs, np.zeros(n, dtype=np.float32), np.ones(n, dtype=bool), np.zeros(n, dtype=bool), {}
 
+    def agent_random_state(self, agent: int) -> list[dict[str, Any]]:
+        """Agent ``agent``'s sub-environments' generator states (``np_random.bit_generator.state``,
+        plain JSON data): what their next resets and steps draw from.
+
+        :param agent: the agent's index
+        """
+        return [generator.bit_generator.state for generator in self._venvs[agent].get_attr("np_random")]
+
+    def set_agent_random_state(self, agent: int, states: Sequence[dict[str, Any]]) -> None:
+        """Give agent ``agent``'s sub-environments the generator states :meth:`agent_random_state` returned.
+
+        :param agent: the agent's index
+        :param states: one state per sub-environment
+        :raise ValueError: for another number of states, or a state that is not a NumPy bit generator's
+        """
+        venv = self._venvs[agent]
+        if len(states) != venv.num_envs:
+            raise ValueError(f"agent {agent}: {len(states)} generator states for {venv.num_envs} sub-environments")
+        generators = []
+        for saved in states:
+            bit_generator = getattr(np.random, str(saved.get("bit_generator", "")), None) if isinstance(saved, dict) else None
+            if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)):
+                raise ValueError(f"agent {agent}: not a NumPy bit generator state: {str(saved)[:80]}")
+            generator = np.random.Generator(bit_generator())
+            generator.bit_generator.state = saved
+            generators.append(generator)
+        venv.set_attr("np_random", generators)
+
+    def random_state(self) -> dict[str, Any]:
+        """Everything the agents' environments draw from next, as plain data: whether the first
+        (seeded) reset happened, the seed, and every sub-environment's generator state
+        (:meth:`agent_random_state`). With :meth:`set_random_state` on an env of the same id, agents
+        and ``n_envs``, the next resets and steps are those this env would make — what a saved model
+        needs to resume bitwise. Environments with randomness of their own besides ``np_random``
+        (Atari's emulator: :attr:`exact_random_state` is false) continue differently.
+        """
+        return {
+            "reset_done": bool(self._reset_done),
+            "seed": self._seed,
+            "np_random": [self.agent_random_state(i) for i in range(self.n_agents)] if self._reset_done else [],
+        }
+
+    def set_random_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`random_state` returned (an env not yet reset is left to its first, seeded reset).
+
+        :raise ValueError: when the state is of another number of agents or sub-environments
+        """
+        if not isinstance(state, dict) or not {"reset_done", "seed", "np_random"} <= set(state):
+            raise ValueError("state must be what random_state() returned (keys reset_done, seed, np_random)")
+        if state["reset_done"] and len(state["np_random"]) != self.n_agents:
+            raise ValueError(f"state holds {len(state['np_random'])} agents' generators, this env has {self.n_agents} agents")
+        self._seed = state["seed"]
+        self._reset_done = bool(state["reset_done"])
+        if self._reset_done:
+            for agent, states in enumerate(state["np_random"]):
+                self.set_agent_random_state(agent, states)
+
+    @property
+    def exact_random_state(self) -> bool:
+        """Whether :meth:`random_state` holds all of the environments' randomness: false for Atari
+        (ALE's emulator keeps a generator of its own, which Gymnasium does not expose as ``np_random``)."""
+        spec = self._venvs[0].get_attr("spec")[0]
+        entry_point = getattr(spec, "entry_point", "")
+        return not (isinstance(entry_point, str) and entry_point.startswith("ale_py"))
+
     def close_extras(self, **kwargs: Any) -> None:
         for venv in self._venvs:
             venv.close()

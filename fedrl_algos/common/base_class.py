@@ -9,6 +9,7 @@ module, with a run axis of length one.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import time
 import warnings
@@ -563,17 +564,29 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         return [*super()._excluded_save_params(), "fed_env", "federation", "evaluator", "_last_info"]
 
     def _random_state(self) -> dict[str, Any]:
-        """Every random stream of the run (training, server, evaluation, ``predict``), as tensors."""
+        """Every random stream of the run (training, server, evaluation, ``predict``), as tensors, and
+        on a Gymnasium id its environments' generators (``"envs"``: JSON text, so that a loaded
+        model continues the same episodes)."""
         state: dict[str, Any] = self.federation.state_dict()
         predict = getattr(self.policy, "_predict_streams", None)
         if predict is not None:
             state["predict"] = predict.state_dict()
+        envs = self.federation.env_random_state()
+        if envs is not None:
+            state["envs"] = json.dumps(envs)
         return state
 
     def _load_random_state(self, state: dict[str, Any]) -> None:
         self.federation.load_state_dict(state)
         if "predict" in state and getattr(self.policy, "_predict_streams", None) is not None:
             self.policy._predict_streams.load_state_dict(state["predict"])
+        if "envs" in state and self.federation.env is not None:
+            try:
+                self.federation.load_env_random_state(json.loads(state["envs"]))
+            except (ValueError, KeyError, TypeError) as err:
+                # Another layout of environments (load(env=...) with other agents or n_envs): they start afresh.
+                warnings.warn(f"{type(self).__name__}: the saved environments' random state does not fit these environments "
+                              f"({err}); their episodes start from their seed, so the run does not continue bitwise", stacklevel=3)
 
     def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
         """Save parameters, configuration and random-stream state in fedrl's safe zip format.
@@ -590,6 +603,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         """
         self._rng_state = self._random_state()
         self._obs_normalizer_state = None if self.obs_normalizer is None else self.obs_normalizer.state_dict()
+        if self.fed_env is not None and not getattr(self.fed_env, "exact_random_state", True):
+            warnings.warn(f"{type(self).__name__}.save: {self.env_id}'s environments keep random state of their own (Atari's "
+                          "emulator) that the file cannot hold: a loaded model trains on, but not bitwise as this one would "
+                          "(docs/persistence.md)", stacklevel=2)
         try:
             data, params, variables = collect_save_data(self, exclude, include)
             by_name = write_model_file(path, type(self), data, params, variables, policy_aliases=self.policy_aliases)

@@ -98,25 +98,18 @@ def env_random_state(federation: Federation, row: int) -> dict[str, Any] | None:
     ``None`` for a family-backed one, whose environments are pure functions of the streams."""
     if federation.env is None:
         return None
-    venv = federation.env._venvs[row]
-    return {"seeded": bool(federation.sampler._reset_seed_used),
-            "np_random": [sub.np_random.bit_generator.state for sub in venv.envs] if federation.sampler._reset_seed_used else []}
+    seeded = bool(federation.sampler._reset_seed_used)
+    return {"seeded": seeded, "np_random": federation.env.agent_random_state(row) if seeded else []}
 
 
 def set_env_random_state(federation: Federation, row: int, state: dict[str, Any]) -> None:
     """Restore what :func:`env_random_state` returned into agent row ``row``'s environments."""
     if federation.env is None:
         return
-    venv = federation.env._venvs[row]
     if not state.get("seeded", False):  # the next rollout makes the first, seeded reset
         federation.sampler._reset_seed_used = False
         return
-    if len(state["np_random"]) != len(venv.envs):
-        raise ValueError(f"env state has {len(state['np_random'])} sub-environments, the agent has {len(venv.envs)}")
-    for sub, saved in zip(venv.envs, state["np_random"], strict=True):
-        generator = np.random.Generator(getattr(np.random, saved["bit_generator"])())
-        generator.bit_generator.state = saved
-        sub.np_random = generator
+    federation.env.set_agent_random_state(row, state["np_random"])
     federation.sampler._reset_seed_used = True
     federation.env._reset_done = True
 

@@ -92,6 +92,23 @@ class EnvSampler(Sampler):
     def with_policy(self, policy: Any) -> EnvSampler:
         return replace(self, policy=policy)
 
+    def random_state(self) -> dict[str, Any]:
+        """Whether this sampler's first (seeded) reset happened, and its environments' random state
+        (:meth:`~fedrl_wrappers.federated.GenericFederatedVecEnv.random_state`): plain data from which
+        :meth:`set_random_state` continues the same episodes. A native env's randomness is its
+        counter-based streams (``"env": None``: they are the federation's to save)."""
+        env_state = self.env.random_state() if hasattr(self.env, "random_state") else None
+        return {"seeded": bool(self._reset_seed_used), "env": env_state}
+
+    def set_random_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`random_state` returned.
+
+        :raise ValueError: when it is of environments laid out otherwise (agents, sub-environments)
+        """
+        if state.get("env") is not None:
+            self.env.set_random_state(state["env"])
+        self._reset_seed_used = bool(state["seeded"])
+
     def _check_batch(self, theta: torch.Tensor) -> tuple[int, ...]:
         batch = tuple(theta.shape[:-1])
         if not batch or math.prod(batch) != self.env.n_agents:

@@ -182,6 +182,22 @@ class Federation:
         self.server_streams.load_state_dict(state["server_streams"])
         self.eval_streams.load_state_dict(state["eval_streams"])
 
+    def env_random_state(self) -> dict[str, Any] | None:
+        """The random state of an env-backed federation's Gymnasium environments, as plain data: its
+        training and evaluation samplers' (:meth:`~fedrl_algos.core.env_sampling.EnvSampler.random_state`).
+        ``None`` for a family-backed federation, whose environments are pure functions of the streams."""
+        if self.env is None:
+            return None
+        return {"train": self.sampler.random_state(), "eval": self.eval_sampler.random_state()}
+
+    def load_env_random_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`env_random_state` returned (the evaluation sampler's after the training
+        one's: when they share the environments, the evaluation rollouts were the later draws)."""
+        if self.env is None:
+            raise ValueError("env_random_state is for an env-backed federation; this one steps a family's kernels")
+        self.sampler.set_random_state(state["train"])
+        self.eval_sampler.set_random_state(state["eval"])
+
     @property
     def horizon(self) -> int:
         """Last time index H of an episode."""

@@ -7,6 +7,7 @@ NeurIPS 2021), Algorithm 1 and Algorithm 1.1; the fault-tolerant baseline of the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -211,6 +212,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         if self._extra_rng_state is not None:
             self.server_sampler.streams.load_state_dict(self._extra_rng_state["server_traj"])
             self.noise_streams.load_state_dict(self._extra_rng_state["noise"])
+            if "server_envs" in self._extra_rng_state and hasattr(self.server_sampler, "set_random_state"):
+                self.server_sampler.set_random_state(json.loads(self._extra_rng_state["server_envs"]))
 
     def _check_agents(self) -> None:
         if any(not 0 <= k < self.n_agents for k in self.byzantine_agents):
@@ -249,6 +252,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     def save(self, path: Any, exclude: Sequence[str] | None = None, include: Sequence[str] | None = None) -> None:
         """Save parameters, configuration and every random-stream state (SB3 zip format)."""
         self._extra_rng_state = {"server_traj": self.server_sampler.streams.state_dict(), "noise": self.noise_streams.state_dict()}
+        if hasattr(self.server_sampler, "random_state"):  # the server's own Gymnasium environments
+            self._extra_rng_state["server_envs"] = json.dumps(self.server_sampler.random_state())
         try:
             super().save(path, exclude=exclude, include=include)
         finally:
