@@ -389,3 +389,23 @@ def test_fedavg_sb3_replay_buffers_are_saved_on_request(tmp_path):
         for key in ("observations", "actions", "rewards", "dones", "timeouts", "next_observations"):
             assert (getattr(a.replay_buffer, key) == getattr(b.replay_buffer, key)).all(), key
         assert b.exploration_rate == a.exploration_rate and b._n_calls == a._n_calls
+
+
+def test_a_file_without_the_envs_generators_loads_warns_and_trains_on(tmp_path):
+    # A file of an earlier fedrl (no "envs" in its random state) loads as before, with a warning.
+    import json
+    import zipfile
+
+    model = make_on_gym("fedavg_pg", "walk").learn(total_rounds=1)
+    model.save(tmp_path / "new.zip")
+    with zipfile.ZipFile(tmp_path / "new.zip") as src, zipfile.ZipFile(tmp_path / "old.zip", "w") as dst:
+        for member in src.namelist():
+            content = src.read(member)
+            if member == "data":
+                data = json.loads(content)
+                del data["_rng_state"]["envs"]
+                content = json.dumps(data).encode()
+            dst.writestr(member, content)
+    with pytest.warns(UserWarning, match="holds no random state of its Gymnasium environments"):
+        old = FedAvgPG.load(tmp_path / "old.zip", device="cpu")
+    assert old.learn(total_rounds=1, reset_num_timesteps=False).rounds_done == 2

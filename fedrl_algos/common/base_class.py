@@ -580,6 +580,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.federation.load_state_dict(state)
         if "predict" in state and getattr(self.policy, "_predict_streams", None) is not None:
             self.policy._predict_streams.load_state_dict(state["predict"])
+        if "envs" not in state and self.federation.env is not None:
+            warnings.warn(f"{type(self).__name__}: this file holds no random state of its Gymnasium environments (saved by an "
+                          "earlier fedrl); their episodes start from their seed, so the run does not continue bitwise "
+                          "(save it again to keep them)", stacklevel=3)
         if "envs" in state and self.federation.env is not None:
             try:
                 self.federation.load_env_random_state(json.loads(state["envs"]))
