@@ -36,6 +36,7 @@ from fedrl_envs.rng import seed_from_entropy
 from fedrl_envs.threads import with_fitted_threads
 from fedrl_envs.validation import MAX_ENVS, _reset_mask, check_array_type, check_device, check_int, check_seed
 from fedrl_envs.vector import fitted_to_envs
+from fedrl_wrappers.snapshot import EpisodeRecorder, generator_from_state, tensor_data, tensor_from_data
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
@@ -521,6 +522,31 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
         self._elapsed = int(self._t.min())
         return obs
 
+    def snapshot(self) -> dict[str, Any]:
+        """Everything these environments continue from, as plain data: the kernel state, every
+        env's time index, the streams' positions and the seed (a family's envs are pure functions
+        of them). An env of the same family, agents and ``n_envs`` given it by
+        :meth:`restore_snapshot` steps on as this one would."""
+        return {"backend": "native", "seed": self._seed, "counters": tensor_data(self.streams.counters),
+                "state": None if self._state is None else tensor_data(self.state), "t": tensor_data(self._t),
+                "elapsed": int(self._elapsed)}
+
+    def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Continue from what :meth:`snapshot` returned.
+
+        :raise ValueError: for a snapshot of another backend or layout
+        """
+        if not isinstance(snapshot, dict) or snapshot.get("backend") != "native":
+            raise ValueError("snapshot must be what a native-backend FederatedVecEnv's snapshot() returned")
+        counters = tensor_from_data(snapshot["counters"], self.device)
+        if counters.shape != self.streams.counters.shape:
+            raise ValueError(f"the snapshot's streams are {tuple(counters.shape)}, this env's {tuple(self.streams.counters.shape)}")
+        self.streams = self._make_streams(snapshot["seed"])
+        self.streams.counters = counters
+        if snapshot["state"] is not None:
+            self.set_state(tensor_from_data(snapshot["state"], self.device), tensor_from_data(snapshot["t"], self.device))
+        self._elapsed = int(snapshot["elapsed"])
+
     @fitted_to_envs
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         """Step all ``num_envs`` environments with actions ``[num_envs, *action_shape]`` (torch or numpy)."""
@@ -625,12 +651,18 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         try:
             for k, kw in enumerate(self.agent_kwargs):
                 try:
+                    # Autoresetting envs are stepped across rounds mid-episode: their episodes are
+                    # recorded (the outermost wrapper, after the agent's own), so that a snapshot can
+                    # rebuild them (fedrl_wrappers.snapshot).
+                    own = {k: v for k, v in kw.items() if k != "wrappers"}
+                    wrappers = [*(kw.get("wrappers") or []), *([EpisodeRecorder] if autoreset else [])]
                     venv = gym.make_vec(
                         env_id,
                         num_envs=n_envs,
                         vectorization_mode=vectorization_mode,
                         vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-                        **kw,
+                        wrappers=wrappers or None,
+                        **own,
                     )
                 except TypeError as err:
                     raise TypeError(f"agent_kwargs[{k}]: {err}") from err
@@ -846,14 +878,10 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         venv = self._venvs[agent]
         if len(states) != venv.num_envs:
             raise ValueError(f"agent {agent}: {len(states)} generator states for {venv.num_envs} sub-environments")
-        generators = []
-        for saved in states:
-            bit_generator = getattr(np.random, str(saved.get("bit_generator", "")), None) if isinstance(saved, dict) else None
-            if not (isinstance(bit_generator, type) and issubclass(bit_generator, np.random.BitGenerator)):
-                raise ValueError(f"agent {agent}: not a NumPy bit generator state: {str(saved)[:80]}")
-            generator = np.random.Generator(bit_generator())
-            generator.bit_generator.state = saved
-            generators.append(generator)
+        try:
+            generators = [generator_from_state(saved) for saved in states]
+        except ValueError as err:
+            raise ValueError(f"agent {agent}: {err}") from None
         venv.set_attr("np_random", generators)
 
     def random_state(self) -> dict[str, Any]:
@@ -884,6 +912,38 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         if self._reset_done:
             for agent, states in enumerate(state["np_random"]):
                 self.set_agent_random_state(agent, states)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything these environments continue from, as plain data (see :mod:`fedrl_wrappers.snapshot`):
+        with ``autoreset=True`` each sub-environment's current episode (the generator before its
+        reset, the reset's arguments, the actions since), else only their generators
+        (:meth:`random_state`: a fixed-horizon env starts every block with a reset). An env of the
+        same id, agents and ``n_envs`` given it by :meth:`restore_snapshot` steps on as this one
+        would, for environments whose randomness is ``np_random`` (not Atari's emulator)."""
+        out = {"backend": "generic", "random_state": self.random_state(), "elapsed": int(self._elapsed)}
+        if self.autoreset and self._reset_done:
+            out["episodes"] = [venv.get_attr("episode_record") for venv in self._venvs]
+        return out
+
+    def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Continue from what :meth:`snapshot` returned (replaying each sub-environment's episode).
+
+        :raise ValueError: for a snapshot of another backend or layout
+        """
+        if not isinstance(snapshot, dict) or snapshot.get("backend") != "generic":
+            raise ValueError("snapshot must be what a generic-backend FederatedVecEnv's snapshot() returned")
+        self.set_random_state(snapshot["random_state"])
+        episodes = snapshot.get("episodes")
+        if episodes is not None:
+            if not self.autoreset:
+                raise ValueError("the snapshot holds episodes in progress; restore it into an env with autoreset=True")
+            if len(episodes) != self.n_agents or any(len(e) != venv.num_envs for e, venv in zip(episodes, self._venvs, strict=True)):
+                raise ValueError(f"the snapshot's episodes are laid out otherwise than {self.n_agents} agents x {self.n_envs} envs")
+            for venv, records in zip(self._venvs, episodes, strict=True):
+                venv.set_attr("pending_replay", list(records))
+                venv.call("apply_replay")
+        self._start_episode()
+        self._elapsed = int(snapshot["elapsed"])
 
     @property
     def exact_random_state(self) -> bool:

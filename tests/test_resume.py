@@ -313,7 +313,8 @@ def _agent_state(fed) -> dict[str, torch.Tensor]:
                 for kk, vv in (v.items() if isinstance(v, dict) else [("", v)]):
                     out[f"{i}/{key}/{k}/{kk}"] = torch.as_tensor(vv)
         for name in ("num_timesteps", "_n_updates", "_n_calls", "exploration_rate", "_episode_num"):
-            out[f"{i}/{name}"] = torch.tensor(float(getattr(agent, name)), dtype=torch.float64)
+            if hasattr(agent, name):  # DQN's exploration counters
+                out[f"{i}/{name}"] = torch.tensor(float(getattr(agent, name)), dtype=torch.float64)
     out["num_timesteps"] = torch.tensor(fed.num_timesteps)
     out["rounds_done"] = torch.tensor(fed.rounds_done)
     return out
@@ -330,46 +331,114 @@ class _StopAfter(BaseCallback):
         return self.n_calls < self.rounds
 
 
+def make_fedavg_sb3_on(name: str):
+    """Fed-PPO / Fed-SAC on Gymnasium ids with per-agent kwargs (also built by the child process)."""
+    from stable_baselines3 import PPO, SAC
+
+    from fedrl_algos import FedAvgSB3
+
+    ppo = {"n_steps": 32, "batch_size": 16, "n_epochs": 2, "policy_kwargs": {"net_arch": [8]}}
+    if name == "ppo@pendulum":
+        return FedAvgSB3(PPO, "Pendulum-v1", agent_kwargs=[{"g": 9.0}, {"g": 11.0}], algorithm_kwargs=ppo, seed=0, device="cpu")
+    if name == "ppo@walk":
+        return FedAvgSB3(PPO, WALK, agent_kwargs=[{"drift": 0.01}, {"drift": -0.01}], algorithm_kwargs=ppo, seed=0, device="cpu")
+    if name == "ppo@mujoco":
+        return FedAvgSB3(PPO, "InvertedPendulum-v5", agent_kwargs=[{"reset_noise_scale": 0.01}, {"reset_noise_scale": 0.05}],
+                         algorithm_kwargs=ppo, seed=0, device="cpu")
+    if name == "sac@pendulum":
+        return FedAvgSB3(SAC, "Pendulum-v1", agent_kwargs=[{"g": 9.0}, {"g": 11.0}], sync_every=20, seed=0, device="cpu",
+                         algorithm_kwargs={"learning_starts": 20, "batch_size": 8, "buffer_size": 300, "policy_kwargs": {"net_arch": [8]}})
+    if name == "dqn@cartpole":
+        return make_fedavg_sb3()
+    raise ValueError(name)
+
+
+#: the total every run of these tests plans its SB3 schedules over (exploration, learning rate)
+SB3_TOTAL = 10**7
+
+
+def _fedavg_sb3_resumed(path, rounds: int):
+    from fedrl_algos import FedAvgSB3
+
+    resumed = FedAvgSB3.load(path, device="cpu")
+    return resumed.learn(SB3_TOTAL - resumed.num_timesteps, reset_num_timesteps=False, callback=_StopAfter(rounds))
+
+
+def _assert_same_agents(got, want) -> None:
+    got, want = _agent_state(got), _agent_state(want)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("name", ["dqn@cartpole", "ppo@pendulum", "ppo@walk", "ppo@mujoco", "sac@pendulum"])
+def test_fedavg_sb3_save_load_continue_equals_an_uninterrupted_run(tmp_path, name):
+    # The agents' files, their environments mid-episode (replayed from their records, or a family's
+    # state), the monitors, the action spaces' and the process's generators: the same run goes on.
+    if "mujoco" in name:
+        pytest.importorskip("mujoco")
+    with _one_thread():
+        make_fedavg_sb3_on(name).learn(SB3_TOTAL, callback=_StopAfter(2)).save(tmp_path / "m.zip", save_replay_buffer=True)
+        resumed = _fedavg_sb3_resumed(tmp_path / "m.zip", 2)
+        reference = make_fedavg_sb3_on(name).learn(SB3_TOTAL, callback=_StopAfter(4))
+    _assert_same_agents(resumed, reference)
+    assert resumed.rounds_done == 4 and resumed.num_timesteps == reference.num_timesteps
+
+
+def test_fedavg_sb3_a_file_without_the_resume_state_warns_and_differs(tmp_path):
+    # The check above can fail: the same file without its resume state (as saved by an earlier fedrl)
+    # loads with a warning and starts new episodes.
+    import json
+    import zipfile
+
+    with _one_thread():
+        make_fedavg_sb3_on("ppo@walk").learn(SB3_TOTAL, callback=_StopAfter(2)).save(tmp_path / "new.zip")
+        with zipfile.ZipFile(tmp_path / "new.zip") as src, zipfile.ZipFile(tmp_path / "old.zip", "w") as dst:
+            for member in src.namelist():
+                content = src.read(member)
+                if member == "fedavg_sb3.json":
+                    config = json.loads(content)
+                    del config["resume"]
+                    content = json.dumps(config).encode()
+                dst.writestr(member, content)
+        with pytest.warns(UserWarning, match="does not continue bitwise"):
+            resumed = _fedavg_sb3_resumed(tmp_path / "old.zip", 2)
+        reference = make_fedavg_sb3_on("ppo@walk").learn(SB3_TOTAL, callback=_StopAfter(4))
+    assert resumed.rounds_done == 4
+    assert not np.array_equal(resumed.agents[0].policy.parameters_to_vector(), reference.agents[0].policy.parameters_to_vector())
+
+
 _CHILD_SB3 = textwrap.dedent(
     """
     import sys, torch
     torch.set_num_threads(1)
     sys.path.insert(0, sys.argv[3])
-    from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
-    from test_resume import make_fedavg_sb3
+    from stable_baselines3.common.callbacks import BaseCallback
+    from test_resume import SB3_TOTAL, make_fedavg_sb3_on
 
-    class Announce(BaseCallback):
+    class SaveAndAnnounce(BaseCallback):
+        # A checkpoint every round, replay buffers included (the off-policy agents resume from them).
         def _on_step(self):
+            self.model.save(f"{sys.argv[2]}/ckpt_{self.n_calls}_steps.zip", save_replay_buffer=True)
             print("checkpoint", self.n_calls, flush=True)
             return True
 
-    fed = make_fedavg_sb3()
-    fed.learn(10**7, callback=[CheckpointCallback(save_freq=1, save_path=sys.argv[2], name_prefix="ckpt"), Announce()])
+    make_fedavg_sb3_on(sys.argv[1]).learn(SB3_TOTAL, callback=SaveAndAnnounce())
     """
 )
 
 
-def test_fedavg_sb3_killed_run_resumes_from_its_checkpoint(tmp_path):
-    # SB3's format restores networks, optimizer states and counters bitwise (checked against an
-    # uninterrupted run at the checkpoint's round), not the environments' episodes or SB3's global
-    # random generators: the continued run trains on, with counters right, but is not bitwise.
-    from fedrl_algos import FedAvgSB3
-
-    status = _train_until_killed("fedavg_sb3", tmp_path, after_checkpoints=2, child=_CHILD_SB3)
+@pytest.mark.parametrize("name", ["dqn@cartpole", "ppo@walk"])
+def test_fedavg_sb3_killed_run_resumes_bitwise(tmp_path, name):
+    status = _train_until_killed(name, tmp_path, after_checkpoints=3, child=_CHILD_SB3)
     assert status == -signal.SIGKILL
     checkpoints = sorted(tmp_path.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[1]))
     with _one_thread():
-        resumed = FedAvgSB3.load(checkpoints[-1], device="cpu")
-        done = resumed.rounds_done
-        # Same planned total as the child: SB3's schedules (exploration, learning rate) run over it.
-        reference = make_fedavg_sb3().learn(10**7, callback=_StopAfter(done))
-        got, want = _agent_state(resumed), _agent_state(reference)
-        assert sorted(got) == sorted(want)
-        for key in want:
-            assert torch.equal(got[key], want[key]), key
-        resumed.learn(80, reset_num_timesteps=False)
-    assert resumed.rounds_done == done + 1 and resumed.num_timesteps == (done + 1) * 80
-    assert all(agent.num_timesteps == (done + 1) * 40 for agent in resumed.agents)
+        resumed = _fedavg_sb3_resumed(checkpoints[-1], 2)
+        done = resumed.rounds_done - 2
+        assert done >= 3
+        reference = make_fedavg_sb3_on(name).learn(SB3_TOTAL, callback=_StopAfter(done + 2))
+    _assert_same_agents(resumed, reference)
     for path in tmp_path.iterdir():
         if path.name.startswith(".ckpt_"):
             path.unlink()

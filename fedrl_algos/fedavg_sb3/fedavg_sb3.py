@@ -16,6 +16,7 @@ import copy
 import io
 import math
 import pathlib
+import random
 import sys
 import time
 import types
@@ -32,6 +33,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import recursive_setattr
 from stable_baselines3.common.type_aliases import MaybeCallback, TrainFrequencyUnit
+from stable_baselines3.common.vec_env import VecMonitor
 
 import fedrl_envs
 from fedrl_algos.common.learn import EnvFreeLearnMixin
@@ -59,6 +61,7 @@ from fedrl_envs import derive_keys
 from fedrl_envs.rng import seed_from_entropy
 from fedrl_envs.validation import check_int
 from fedrl_wrappers.federated import FederatedVecEnv
+from fedrl_wrappers.snapshot import generator_from_state, tensor_data, tensor_from_data
 
 SelfFedAvgSB3 = TypeVar("SelfFedAvgSB3", bound="FedAvgSB3")
 
@@ -518,7 +521,50 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
             "seed": int(self.seed),
             "num_timesteps": int(self.num_timesteps),
             "rounds_done": int(self.rounds_done),
+            "resume": self._resume_state(),
         }
+
+    def _resume_state(self) -> dict[str, Any]:
+        """What an uninterrupted run continues from besides the agents' own files, as plain data:
+        each agent's environments mid-episode (:meth:`~fedrl_wrappers.FederatedVecEnv.snapshot`),
+        its ``VecMonitor``'s episode in progress and its action space's generator (DQN's random
+        actions), and the process's global generators, which SB3 draws from (torch, NumPy, ``random``)."""
+        agents = []
+        for model in self.agents:
+            monitor = _find_vec_env(model.get_env(), VecMonitor)
+            space_rng = getattr(model.action_space, "_np_random", None)
+            agents.append({
+                "env": _federated_env(model).snapshot(),
+                "monitor": None if monitor is None else {"returns": monitor.episode_returns.tolist(), "lengths": monitor.episode_lengths.tolist(),
+                                                         "count": int(monitor.episode_count)},
+                "action_space": None if space_rng is None else space_rng.bit_generator.state,
+            })
+        numpy_state = np.random.get_state()
+        rng = {"torch": tensor_data(torch.get_rng_state()), "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
+               "python": _json_tuple(random.getstate())}
+        if torch.cuda.is_available() and torch.device(self.device).type == "cuda":
+            rng["cuda"] = [tensor_data(s) for s in torch.cuda.get_rng_state_all()]
+        return {"agents": agents, "global_rng": rng}
+
+    def _restore_resume_state(self, state: dict[str, Any]) -> None:
+        """Give freshly built agents what :meth:`_resume_state` saved (after their files)."""
+        if len(state["agents"]) != self.n_agents:
+            raise ValueError(f"the saved resume state has {len(state['agents'])} agents, the federation {self.n_agents}")
+        for model, saved in zip(self.agents, state["agents"], strict=True):
+            _federated_env(model).restore_snapshot(saved["env"])
+            monitor = _find_vec_env(model.get_env(), VecMonitor)
+            if monitor is not None and saved["monitor"] is not None:
+                monitor.episode_returns = np.asarray(saved["monitor"]["returns"], dtype=monitor.episode_returns.dtype)
+                monitor.episode_lengths = np.asarray(saved["monitor"]["lengths"], dtype=monitor.episode_lengths.dtype)
+                monitor.episode_count = int(saved["monitor"]["count"])
+            if saved["action_space"] is not None:
+                model.action_space._np_random = generator_from_state(saved["action_space"])
+        rng = state["global_rng"]
+        torch.set_rng_state(tensor_from_data(rng["torch"]))
+        np.random.set_state((rng["numpy"][0], np.asarray(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+        random.setstate(_tuple_json(rng["python"]))
+        if "cuda" in rng and torch.cuda.is_available() and torch.device(self.device).type == "cuda":
+            torch.cuda.set_rng_state_all([tensor_from_data(s) for s in rng["cuda"]])
 
     def save(  # type: ignore[override]
         self,
@@ -536,9 +582,12 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         ``train_freq``) is left out and rebuilt on load from the saved ``algorithm_kwargs``.
         Replay buffers are not saved unless ``save_replay_buffer=True`` (as SB3, which keeps them
         out of its zip and saves them apart with ``save_replay_buffer``); rollout buffers never
-        (PPO/A2C refill them each rollout). The environments' state and SB3's global random
-        generators are not saved either, so a resumed run continues from the saved networks,
-        optimizers and counters but its episodes and draws differ from an uninterrupted run.
+        (PPO/A2C refill them each rollout). The run in progress is saved too, as data: each
+        agent's environments mid-episode (:meth:`~fedrl_wrappers.FederatedVecEnv.snapshot`), its
+        monitor, last observation and action-space generator, and the process's torch, NumPy and
+        ``random`` generators, so that a loaded federation continues the run bitwise (off-policy
+        agents with their replay buffers: ``save_replay_buffer=True``). Atari's emulator keeps a
+        generator the file cannot hold: a warning says so.
 
         :param path: a file path (without a suffix it gets ``.zip``) or a writable binary file object
         :param exclude: extra attribute names each agent's zip leaves out
@@ -565,6 +614,10 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
             blobs.append(buf.getvalue())
             if save_replay_buffer and getattr(model, "replay_buffer", None) is not None:
                 extra[replay_buffer_member(i)] = _replay_buffer_bytes(model.replay_buffer)
+        if not all(getattr(_federated_env(model), "exact_random_state", True) for model in self.agents):
+            warnings.warn(f"{type(self).__name__}.save: {self.env_id}'s environments keep random state of their own (Atari's "
+                          "emulator) that the file cannot hold: a loaded federation trains on, but not bitwise (docs/persistence.md)",
+                          stacklevel=2)
         write_archive(path, config, blobs, extra)
 
     @classmethod
@@ -583,8 +636,11 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
         The agents are built afresh from the saved configuration (algorithm class and policy
         looked up among the classes already imported, ``algorithm_kwargs``, seeds), then get the
         saved networks, optimizer states and torch variables (``torch.load(weights_only=True)``),
-        their counters and hyperparameters, and, when saved, their replay buffers. The
-        environments start new episodes (as SB3's ``load`` with ``force_reset=True``).
+        their counters and hyperparameters, and, when saved, their replay buffers. The environments
+        are put back mid-episode (their recorded episodes replayed) and the generators restored, so
+        ``learn(..., reset_num_timesteps=False)`` continues the saved run; a file of an earlier fedrl
+        (without that state) loads with a warning and starts new episodes. Loading sets the
+        process's global torch, NumPy and ``random`` generators (SB3 draws from them).
 
         :param path: the saved zip (``.zip`` is tried when the path has no suffix and does not exist)
             or a readable binary file object
@@ -636,11 +692,21 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
                 algorithm_kwargs = decode({"algorithm_kwargs": config["algorithm_kwargs"]}, {}, name)["algorithm_kwargs"]
             model = cls(algorithm_class, env, aggregate=mode_or_rule, seed=config["seed"], policy=policy,
                         algorithm_kwargs=algorithm_kwargs, sync_every=config["sync_every"], device=device)
+            resume = config.get("resume")
             for i, (agent, blob) in enumerate(zip(model.agents, blobs, strict=True)):
-                _restore_agent(agent, blob, f"{name}: agent_{i}.zip", device)
+                _restore_agent(agent, blob, f"{name}: agent_{i}.zip", device, keep_episode=resume is not None)
                 member = replay_buffer_member(i)
                 if member in members:
                     _restore_replay_buffer(agent, members[member], f"{name}: {member}")
+            if resume is not None:
+                try:
+                    model._restore_resume_state(resume)
+                except (ValueError, KeyError, TypeError) as err:
+                    raise ModelFileError(f"{name}: its resume state does not fit the environments ({err})") from None
+            else:
+                warnings.warn(f"{name}: saved without the environments' episodes and SB3's random generators (an earlier fedrl); "
+                              "the loaded federation starts new episodes and does not continue bitwise (save it again to keep them)",
+                              stacklevel=2)
         model.num_timesteps = int(config["num_timesteps"])
         model.rounds_done = int(config["rounds_done"])
         return model
@@ -675,14 +741,20 @@ _AGENT_FIXED = ("observation_space", "action_space", "n_envs", "policy_kwargs", 
                 "_last_original_obs", "device")
 
 
-def _restore_agent(agent: BaseAlgorithm, blob: bytes, name: str, device: Any) -> None:
-    """Give a freshly built agent the saved networks, optimizers, variables and counters."""
+#: an agent's episode in progress: restored with its environments' snapshot (else they start afresh)
+_AGENT_EPISODE = ("_last_obs", "_last_episode_starts", "_last_original_obs")
+
+
+def _restore_agent(agent: BaseAlgorithm, blob: bytes, name: str, device: Any, keep_episode: bool = False) -> None:
+    """Give a freshly built agent the saved networks, optimizers, variables and counters (and, with
+    ``keep_episode``, the last observation its episode in progress continues from)."""
     data, params, variables = read_model_file(io.BytesIO(blob), type(agent), device=agent.device, name=name)
     for key in ("observation_space", "action_space"):
         if key in data and data[key] != getattr(agent, key):
             raise ModelFileError(f"{name}: saved {key} {data[key]} differs from the environment's {getattr(agent, key)}")
     for key in _AGENT_FIXED:
-        data.pop(key, None)
+        if not (keep_episode and key in _AGENT_EPISODE):
+            data.pop(key, None)
     agent.__dict__.update(data)
     try:
         agent.set_parameters(params, exact_match=True, device=agent.device)
@@ -691,6 +763,32 @@ def _restore_agent(agent: BaseAlgorithm, blob: bytes, name: str, device: Any) ->
     for key, value in (variables or {}).items():
         if value is not None:
             recursive_setattr(agent, f"{key}.data", value.data)
+
+
+def _find_vec_env(env: Any, kind: type) -> Any:
+    """The first vector env of type ``kind`` down a chain of SB3 ``VecEnvWrapper`` (``.venv``), or ``None``."""
+    while env is not None:
+        if isinstance(env, kind):
+            return env
+        env = getattr(env, "venv", None)
+    return None
+
+
+def _federated_env(model: BaseAlgorithm) -> FederatedVecEnv:
+    """The :class:`~fedrl_wrappers.FederatedVecEnv` under an agent's SB3 view (``to_sb3``)."""
+    env = _find_vec_env(model.get_env(), FederatedVecEnv)
+    if env is None:
+        raise TypeError(f"{type(model).__name__}'s environment is not a FederatedVecEnv view")
+    return env
+
+
+def _json_tuple(value: Any) -> Any:
+    """Nested tuples as lists (``random.getstate()`` as JSON data)."""
+    return [_json_tuple(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _tuple_json(value: Any) -> Any:
+    return tuple(_tuple_json(v) for v in value) if isinstance(value, list) else value
 
 
 def _replay_buffer_bytes(buffer: Any) -> bytes:
