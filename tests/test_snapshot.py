@@ -129,3 +129,23 @@ def test_tensors_travel_exactly(dtype):
     assert back.dtype == dtype and torch.equal(back, x)
     with pytest.raises(ValueError, match="not a tensor"):
         tensor_from_data({"dtype": "Module", "shape": [1], "values": [0]})
+
+
+def test_atari_is_known_not_to_resume_exactly_and_save_says_so(tmp_path, monkeypatch):
+    from fedrl_algos import FedAvgPG
+    from fedrl_wrappers.federated import GenericFederatedVecEnv
+
+    pytest.importorskip("ale_py")
+    import ale_py  # noqa: F401  (registers the ALE ids)
+
+    pong = FederatedVecEnv("ALE/Pong-v5", 1, agent_kwargs=[{}], seed=0)
+    assert pong.exact_random_state is False  # the emulator's own generator
+    pong.close()
+    jumpy = _make(*CASES[0])
+    assert jumpy.exact_random_state is True
+    jumpy.close()
+    model = FedAvgPG("MlpPolicy", "Pendulum-v1", agent_kwargs=[{"g": 9.0}], horizon=5, n_trajectories=2, seed=0, device="cpu")
+    model.save(tmp_path / "quiet.zip")  # no warning where the file holds everything
+    monkeypatch.setattr(GenericFederatedVecEnv, "exact_random_state", property(lambda self: False))
+    with pytest.warns(UserWarning, match="random state of their own"):
+        model.save(tmp_path / "m.zip")
