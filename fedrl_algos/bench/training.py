@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedrl_algos.cli.args import finish_bench, positive_int, print_columns, set_threads
+from fedrl_algos.core.capture import resolve_capture
 from fedrl_algos.core.sampling import Sampler
 
 __all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "CONFIGS"]
@@ -64,6 +65,8 @@ class TrainingBenchRecord:
     seconds: float
     training_steps_per_s: float
     bare_env_steps_per_s: float
+    #: whether the rollouts ran captured (:mod:`fedrl_algos.core.capture`)
+    captured: bool = False
 
     @property
     def fraction(self) -> float:
@@ -188,6 +191,7 @@ def bench_training(
     min_time: float = 1.0,
     seed: int = 0,
     show: bool = True,
+    capture: Any = "auto",
 ) -> list[TrainingBenchRecord]:
     """Time whole training rounds of each configuration and the bare env at the same batch.
 
@@ -199,6 +203,7 @@ def bench_training(
     :param min_time: seconds of each bare-env timing
     :param seed: seed of the models and envs
     :param show: print the table
+    :param capture: the models' ``capture`` (:mod:`fedrl_algos.core.capture`: ``"auto"`` is on on CUDA)
     """
     import fedrl_algos
     from fedrl_envs.fused import numba_available
@@ -217,7 +222,8 @@ def bench_training(
             continue
         policy_class = getattr(fedrl_algos, policy) if policy == "FastMlpPolicy" else policy
         model = getattr(fedrl_algos, cls_name)(policy_class, env_id, seed=seed, device=device, policy_kwargs=dict(policy_kwargs))
-        model.learn(total_rounds=1)
+        model.capture = capture
+        model.learn(total_rounds=1)  # the warm-up round also compiles a captured rollout
         counter = _count_steps(model)[0]
         blocks = [_time_rounds(model, rounds, counter) for _ in range(repeats)]
         batch = _sampling_batch(model)
@@ -237,6 +243,7 @@ def bench_training(
                 seconds=elapsed,
                 training_steps_per_s=steps / elapsed,
                 bare_env_steps_per_s=statistics.median(bare),
+                captured=resolve_capture(capture, model.device),
             )
         )
     if show:
@@ -250,7 +257,7 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
 
     header = ["config", "agents x envs", "rounds", "budget steps", "env steps", "training/s", "bare env/s", "fraction"]
     lines = [header] + [
-        [r.config, f"{r.n_agents} x {r.envs_per_agent}", str(r.rounds), str(r.budget_steps), str(r.env_steps),
+        [r.config + (" (captured)" if r.captured else ""), f"{r.n_agents} x {r.envs_per_agent}", str(r.rounds), str(r.budget_steps), str(r.env_steps),
          f"{r.training_steps_per_s:.3g}", f"{r.bare_env_steps_per_s:.3g}", f"{r.fraction:.3f}"]
         for r in records
     ]
@@ -264,7 +271,8 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
 def _cmd(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     records = bench_training(configs=args.configs, rounds=1 if args.quick else args.rounds, repeats=1 if args.quick else args.repeats,
-                             device=args.device, min_time=0.05 if args.quick else 1.0, seed=args.seed)
+                             device=args.device, min_time=0.05 if args.quick else 1.0, seed=args.seed,
+                             capture={"auto": "auto", "on": True, "off": False}[args.capture])
     finish_bench(args.json, [dataclasses.asdict(r) | {"fraction": r.fraction, "budget_over_env_steps": r.budget_over_env_steps}
                              for r in records])
     return 0
@@ -285,5 +293,7 @@ def add_training_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: one timed round once, tiny env timing")
     p.add_argument("--seed", type=int, default=0, help="seed of the models and envs")
+    p.add_argument("--capture", choices=("auto", "on", "off"), default="auto",
+                   help="captured rollouts (one compiled step, CUDA graphs on CUDA): auto = on CUDA only (default auto)")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
     p.set_defaults(func=_cmd)

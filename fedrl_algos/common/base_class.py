@@ -31,6 +31,7 @@ from fedrl_algos.common.model_file import ModelFileError, collect_save_data, rea
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.adaptation import check_adaptation_baseline
 from fedrl_algos.core.aggregation import UpdateCheck, warn_rejected
+from fedrl_algos.core.capture import check_capture
 from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.exact import TabularEvaluator, has_exact_model
@@ -241,8 +242,24 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                                        stop_when_done=self.stop_rollouts_when_done)
         return Federation(
             self.family, params_to(self.agent_params, self.device), self.policy, torch.tensor([self.seed]), self.gamma,
-            horizon_override=self.horizon, stop_when_done=self.stop_rollouts_when_done, normalizer=normalizer,
+            horizon_override=self.horizon, stop_when_done=self.stop_rollouts_when_done, normalizer=normalizer, capture=self.capture,
         )
+
+    @property
+    def capture(self) -> Any:
+        """Whether a fedrl family's rollouts run captured (:mod:`fedrl_algos.core.capture`: one compiled
+        step, replayed as CUDA graphs): ``"auto"`` (the default: on CUDA), ``True`` or ``False``.
+        Setting it applies to the next rollout; it is saved with the model."""
+        return self.__dict__.get("_capture", "auto")
+
+    @capture.setter
+    def capture(self, value: Any) -> None:
+        self._capture = check_capture(value)
+        federation = self.__dict__.get("federation")
+        if federation is not None and federation.env is None:
+            federation.capture = value
+            federation.sampler.capture = value
+            federation.eval_sampler.capture = value
 
     def _setup_model(self) -> None:
         """Build the policy, the batched federation (random streams included) and the evaluator;

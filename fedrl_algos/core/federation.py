@@ -88,6 +88,8 @@ class Federation:
         some of its agents (a Flower client's one agent): their random streams are keyed by these
         indices, so the slice draws exactly what those rows of the whole federation draw (default
         ``0..n-1``)
+    :param capture: the family samplers' captured rollouts (:mod:`fedrl_algos.core.capture`):
+        ``"auto"`` (on CUDA), ``True`` or ``False``
     """
 
     family: TaskFamily | None
@@ -102,6 +104,7 @@ class Federation:
     normalizer: Any = None
     env_reset_seed: int | None = None
     agent_ids: Any = None
+    capture: Any = "auto"
 
     def __post_init__(self) -> None:
         self.seeds = torch.as_tensor(self.seeds, dtype=torch.int64).reshape(-1)
@@ -136,9 +139,10 @@ class Federation:
         rows = torch.arange(self.n_agents).repeat(self.n_runs)
         self.row_params = index_params(self.agent_params, rows.to(first.device))
         self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams, self.horizon_override, self.stop_when_done,
-                                     self.normalizer, update_normalizer=True)
+                                     self.normalizer, update_normalizer=True, capture=self.capture)
         self.eval_sampler = KernelSampler(
-            self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done, self.normalizer
+            self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done, self.normalizer,
+            capture=self.capture,
         )
 
     @classmethod
@@ -271,7 +275,7 @@ class Federation:
         first = next(v for v in vars(self.row_params).values() if isinstance(v, torch.Tensor))
         rows = index_params(self.row_params, (runs * self.n_agents + agents).reshape(-1).to(first.device))
         sampler = KernelSampler(self.family, rows, self.policy, streams, self.horizon_override, self.stop_when_done,
-                                self.normalizer, update_normalizer=True)
+                                self.normalizer, update_normalizer=True, capture=self.capture)
         return AgentSelection(self, agents, streams, sampler)
 
     def local_round(

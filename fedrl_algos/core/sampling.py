@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from fedrl_algos.core.capture import captured_rollout, check_capture, resolve_capture
 from fedrl_algos.core.trajectories import Trajectories, check_rollout_batch, fitted_to_rollout
 from fedrl_envs.family import TaskFamily
 from fedrl_envs.params import repeat_params
@@ -159,6 +160,9 @@ class KernelSampler(Sampler):
     :param stop_when_done: see :func:`rollout`
     :param normalizer: observation normalizer (see :func:`generic_rollout`)
     :param update_normalizer: add the sampled observations to the normalizer's round moments
+    :param capture: run the rollout captured (:mod:`fedrl_algos.core.capture`: one compiled step,
+        CUDA graphs on CUDA): ``"auto"`` (default) on CUDA only, ``True``, ``False``. Without a
+        normalizer; where it cannot be compiled the eager rollout runs (after a warning)
     """
 
     family: TaskFamily
@@ -169,7 +173,12 @@ class KernelSampler(Sampler):
     stop_when_done: bool = False
     normalizer: Any = None
     update_normalizer: bool = False
+    capture: Any = "auto"
     _plan: tuple[Any, Any, Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _captured: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_capture(self.capture)
 
     def _kernel_plan(self) -> Any:
         # Identity of objects this sampler holds references to (so they cannot be collected and
@@ -184,6 +193,11 @@ class KernelSampler(Sampler):
     def __call__(self, theta: torch.Tensor, n_trajectories: int) -> Trajectories:
         m = check_rollout_batch(theta, self.streams, n_trajectories)
         horizon = self.family.horizon(self.params) if self.horizon is None else self.horizon
+        if self.normalizer is None and resolve_capture(self.capture, theta.device):
+            captured = captured_rollout(self.family, self.params, self.policy, theta, self.streams, m, horizon, self.stop_when_done,
+                                        cache=self._captured)
+            if captured is not None:
+                return captured
         if self.normalizer is None:  # a policy's fast plan reads the raw observations
             plan = self._kernel_plan()
             fast = plan(theta, self.streams, m, horizon, self.stop_when_done) if plan is not None else None

@@ -1,0 +1,156 @@
+"""Captured rollouts (``fedrl_algos.core.capture``) checked on the CPU: they are the eager rollouts.
+
+* With the ``aot_eager`` backend (the compiled graph runs eager's operations) a captured rollout is
+  bitwise :func:`generic_rollout` on all four native families, with and without
+  ``stop_when_done``, and leaves the random streams where eager leaves them.
+* The captured step is one graph: no graph break (``torch._dynamo.explain``).
+* With the default ``inductor`` backend (what CUDA runs, here its CPU code): identical actions and
+  termination flags, observations and rewards within float32 rounding compounded over the rollout.
+* ``capture="auto"`` is off on the CPU (the CPU keeps its numbers); bad values are refused; a
+  policy that cannot be captured falls back to the eager rollout with a warning, drawing the same numbers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedrl_algos import PerFedAvgPG
+from fedrl_algos.core.capture import CapturedRollout, captured_rollout, check_capture, resolve_capture
+from fedrl_algos.core.sampling import KernelSampler, generic_rollout
+from fedrl_algos.policies import MlpPolicy, TabularPolicy
+from fedrl_envs import get_family, stack_params
+from fedrl_envs.rng import RandomStreams, derive_keys
+
+FAMILIES = ["fedrl/GridWorld-v0", "fedrl/ArcNavigation-v0", "fedrl/CartPole-v0", "fedrl/Pendulum-v0"]
+
+
+def _setup(env_id: str):
+    family = get_family(env_id)
+    params = stack_params(family.train_tasks)
+    n = len(family.train_tasks)
+    task = family.train_tasks[0]
+    policy = (TabularPolicy if "Grid" in env_id else MlpPolicy)(family.observation_space(task), family.action_space(task))
+    noise = torch.randn(n, policy.theta.numel(), generator=torch.Generator().manual_seed(0))
+    theta = policy.theta.detach().expand(n, -1).clone() + 0.3 * noise
+    return family, params, policy, theta, n
+
+
+def _streams(n: int) -> RandomStreams:
+    return RandomStreams(derive_keys(0, torch.arange(n)))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("stop_when_done", [False, True])
+@pytest.mark.parametrize("env_id", FAMILIES)
+def test_captured_equals_eager_bitwise_with_eager_operations(env_id, stop_when_done, one_thread):
+    family, params, policy, theta, n = _setup(env_id)
+    horizon = min(family.horizon(params), 60)
+    eager_streams, captured_streams = _streams(n), _streams(n)
+    eager = generic_rollout(family, params, policy, theta, eager_streams, 6, horizon, stop_when_done)
+    runner = CapturedRollout(family, policy, backend="aot_eager", chunk=16)
+    captured = runner(params, theta, captured_streams, 6, horizon, stop_when_done)
+    for name, a, b in zip(eager._fields, eager, captured, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b), name
+    assert torch.equal(eager_streams.counters, captured_streams.counters)
+    again = runner(params, theta, captured_streams, 6, horizon, stop_when_done)  # the compiled step is kept
+    assert torch.equal(again.rewards, generic_rollout(family, params, policy, theta, eager_streams, 6, horizon, stop_when_done).rewards)
+
+
+def test_stop_when_done_keeps_the_steps_eager_runs(one_thread):
+    # CartPole's episodes end long before its horizon: the captured rollout runs whole chunks and
+    # keeps as many steps as the eager one, which stopped early.
+    family, params, policy, theta, n = _setup("fedrl/CartPole-v0")
+    streams = _streams(n)
+    eager = generic_rollout(family, params, policy, theta, _streams(n), 4, family.horizon(params), True)
+    captured = CapturedRollout(family, policy, backend="aot_eager", chunk=8)(params, theta, streams, 4, family.horizon(params), True)
+    assert captured.rewards.shape[-1] == eager.rewards.shape[-1] < family.horizon(params) + 1
+    assert torch.equal(captured.rewards, eager.rewards) and torch.equal(streams.counters, _streams_after_eager(n, family, params, policy, theta))
+
+
+def _streams_after_eager(n, family, params, policy, theta):
+    streams = _streams(n)
+    generic_rollout(family, params, policy, theta, streams, 4, family.horizon(params), True)
+    return streams.counters
+
+
+@pytest.mark.parametrize("env_id", FAMILIES)
+def test_the_captured_step_is_one_graph(env_id, one_thread):
+    family, params, policy, theta, n = _setup(env_id)
+    runner = CapturedRollout(family, policy, backend="aot_eager")
+    step = runner.step_function((n,), 2)
+    from fedrl_envs.params import repeat_params
+
+    rows = repeat_params(params, 2)
+    state = family.reset(rows, torch.zeros(2 * n, family.reset_noise_dim))
+    streams = _streams(n)
+    explanation = torch._dynamo.explain(step._torchdynamo_orig_callable)(state, theta, streams.keys, streams.counters, rows)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.parametrize("env_id", ["fedrl/GridWorld-v0", "fedrl/CartPole-v0"])
+def test_compiled_code_agrees_with_eager(env_id, one_thread):
+    family, params, policy, theta, n = _setup(env_id)
+    horizon = min(family.horizon(params), 60)
+    eager = generic_rollout(family, params, policy, theta, _streams(n), 6, horizon, True)
+    captured = CapturedRollout(family, policy)(params, theta, _streams(n), 6, horizon, True)  # inductor
+    assert torch.equal(eager.actions, captured.actions) and torch.equal(eager.mask, captured.mask)
+    torch.testing.assert_close(captured.obs, eager.obs, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(captured.rewards, eager.rewards, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_is_off_on_the_cpu_and_bad_values_are_refused():
+    assert resolve_capture("auto", "cpu") is False and resolve_capture("auto", "cuda") is True
+    assert resolve_capture(True, "cpu") is True and resolve_capture(False, "cuda") is False
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="capture must be"):
+            check_capture(bad)
+    family, params, policy, theta, n = _setup("fedrl/GridWorld-v0")
+    with pytest.raises(ValueError, match="capture must be"):
+        KernelSampler(family, params, policy, _streams(n), capture="on")
+    model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu")
+    assert model.capture == "auto"
+    with pytest.raises(ValueError, match="capture must be"):
+        model.capture = "always"
+    model.capture = False
+    assert model.federation.sampler.capture is False
+
+
+class _Untraceable(TabularPolicy):
+    """A policy whose sample reads a tensor's value in Python: a graph break, so no capture."""
+
+    def sample(self, theta, obs, streams):
+        if float(theta.sum()) > 1e30:
+            raise AssertionError
+        return super().sample(theta, obs, streams)
+
+
+def test_what_cannot_be_captured_runs_eager_after_a_warning(one_thread):
+    family, params, _, theta, n = _setup("fedrl/GridWorld-v0")
+    task = family.train_tasks[0]
+    policy = _Untraceable(family.observation_space(task), family.action_space(task))
+    streams, eager_streams = _streams(n), _streams(n)
+    with pytest.warns(UserWarning, match="could not be captured"):
+        assert captured_rollout(family, params, policy, theta, streams, 3, 5, backend="aot_eager") is None
+    assert torch.equal(streams.counters, eager_streams.counters)  # nothing drawn by the failed attempt
+    sampler = KernelSampler(family, params, policy, streams, capture=True)
+    with pytest.warns(UserWarning, match="could not be captured"):
+        got = sampler(theta, 3)
+    want = KernelSampler(family, params, policy, eager_streams, capture=False)(theta, 3)
+    assert torch.equal(got.actions, want.actions) and torch.equal(got.rewards, want.rewards)
+
+
+def test_a_federation_trains_captured(one_thread):
+    eager = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", local_steps=2, seed=0, device="cpu").learn(total_rounds=2)
+    model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", local_steps=2, seed=0, device="cpu")
+    model.capture = True
+    model.learn(total_rounds=2)
+    torch.testing.assert_close(model.theta, eager.theta, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(model.theta, PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu").theta)
