@@ -93,3 +93,19 @@ def test_the_compiled_arc_configuration_trains_the_same_federation_with_the_comp
 
     monkeypatch.setattr(fedrl_envs.fused, "numba_available", lambda: False)
     assert bench_training(configs=("per_fedavg_pg-arc-numba",), rounds=1, repeats=1, min_time=0.01, show=False) == []
+
+
+def test_federations_of_n_drawn_agents_are_timed_eager_or_captured():
+    from fedrl_algos.bench.training import agent_kwargs_for
+
+    agents = agent_kwargs_for("fedrl/CartPole-v0", 5, seed=1)
+    assert len(agents) == 5 and all(0.3 <= a["length"] <= 0.9 and 0.5 <= a["masscart"] <= 1.5 for a in agents)
+    assert agents == agent_kwargs_for("fedrl/CartPole-v0", 5, seed=1) != agent_kwargs_for("fedrl/CartPole-v0", 5, seed=2)
+    goals = [a["goal"] for a in agent_kwargs_for("fedrl/ArcNavigation-v0", 4)]
+    assert all(abs((x * x + y * y) ** 0.5 - 0.8) < 1e-6 and x >= 0 for x, y in goals)
+    with pytest.raises(ValueError, match="agents are drawn for"):
+        agent_kwargs_for("fedrl/GridWorld-v0", 2)
+    eager, captured = (bench_training(configs=("per_fedavg_pg-arc",), rounds=1, repeats=1, min_time=0.01, show=False, n_agents=3,
+                                      capture=capture)[0] for capture in (False, True))
+    assert eager.n_agents == captured.n_agents == 3
+    assert not eager.captured and captured.captured and captured.env_steps == eager.env_steps

@@ -33,7 +33,7 @@ from fedrl_algos.cli.args import finish_bench, positive_int, print_columns, set_
 from fedrl_algos.core.capture import resolve_capture
 from fedrl_algos.core.sampling import Sampler
 
-__all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "CONFIGS"]
+__all__ = ["TrainingBenchRecord", "CountingSampler", "bench_training", "add_training_target", "agent_kwargs_for", "CONFIGS"]
 
 #: name -> (algorithm class name, policy, env id, policy kwargs)
 CONFIGS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
@@ -125,6 +125,21 @@ def _count_steps(model: Any) -> list[CountingSampler]:
     return counters
 
 
+def agent_kwargs_for(env_id: str, n_agents: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n_agents`` heterogeneous agents of a family, drawn with ``seed`` (the GPU issue's settings):
+    CartPole's pole ``length`` ~ U(0.3, 0.9) and ``masscart`` ~ U(0.5, 1.5); arc navigation's goals
+    at uniform angles on the arc of radius 0.8."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if env_id == "fedrl/CartPole-v0":
+        return [{"length": float(a), "masscart": float(b)} for a, b in zip(rng.uniform(0.3, 0.9, n_agents), rng.uniform(0.5, 1.5, n_agents), strict=True)]
+    if env_id == "fedrl/ArcNavigation-v0":
+        angles = rng.uniform(-np.pi / 2, np.pi / 2, n_agents)
+        return [{"goal": (float(0.8 * np.cos(a)), float(0.8 * np.sin(a)))} for a in angles]
+    raise ValueError(f"agents are drawn for fedrl/CartPole-v0 and fedrl/ArcNavigation-v0, not {env_id}")
+
+
 def _sampling_batch(model: Any) -> int:
     """Trajectories per agent the model's agents sample in one call."""
     batch_range = getattr(model, "batch_range", None)
@@ -192,6 +207,7 @@ def bench_training(
     seed: int = 0,
     show: bool = True,
     capture: Any = "auto",
+    n_agents: int | None = None,
 ) -> list[TrainingBenchRecord]:
     """Time whole training rounds of each configuration and the bare env at the same batch.
 
@@ -204,6 +220,8 @@ def bench_training(
     :param seed: seed of the models and envs
     :param show: print the table
     :param capture: the models' ``capture`` (:mod:`fedrl_algos.core.capture`: ``"auto"`` is on on CUDA)
+    :param n_agents: that many heterogeneous agents (:func:`agent_kwargs_for`) instead of the family's
+        training tasks
     """
     import fedrl_algos
     from fedrl_envs.fused import numba_available
@@ -221,7 +239,9 @@ def bench_training(
             print(f"fedrl bench training: {name} skipped (it needs Numba: pip install 'fedrl[fast]')")
             continue
         policy_class = getattr(fedrl_algos, policy) if policy == "FastMlpPolicy" else policy
-        model = getattr(fedrl_algos, cls_name)(policy_class, env_id, seed=seed, device=device, policy_kwargs=dict(policy_kwargs))
+        agents = None if n_agents is None else agent_kwargs_for(env_id, n_agents, seed)
+        model = getattr(fedrl_algos, cls_name)(policy_class, env_id, seed=seed, device=device, policy_kwargs=dict(policy_kwargs),
+                                               agent_kwargs=agents)
         model.capture = capture
         model.learn(total_rounds=1)  # the warm-up round also compiles a captured rollout
         counter = _count_steps(model)[0]
@@ -270,9 +290,11 @@ def print_training_table(records: Sequence[TrainingBenchRecord]) -> None:
 
 def _cmd(args: argparse.Namespace) -> int:
     set_threads(args.threads)
-    records = bench_training(configs=args.configs, rounds=1 if args.quick else args.rounds, repeats=1 if args.quick else args.repeats,
-                             device=args.device, min_time=0.05 if args.quick else 1.0, seed=args.seed,
-                             capture={"auto": "auto", "on": True, "off": False}[args.capture])
+    records = []
+    for n_agents in args.agents or [None]:
+        records += bench_training(configs=args.configs, rounds=1 if args.quick else args.rounds, repeats=1 if args.quick else args.repeats,
+                                  device=args.device, min_time=0.05 if args.quick else 1.0, seed=args.seed,
+                                  capture={"auto": "auto", "on": True, "off": False}[args.capture], n_agents=n_agents)
     finish_bench(args.json, [dataclasses.asdict(r) | {"fraction": r.fraction, "budget_over_env_steps": r.budget_over_env_steps}
                              for r in records])
     return 0
@@ -293,6 +315,9 @@ def add_training_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: one timed round once, tiny env timing")
     p.add_argument("--seed", type=int, default=0, help="seed of the models and envs")
+    p.add_argument("--agents", type=positive_int, nargs="+", metavar="N",
+                   help="time federations of N heterogeneous agents each (CartPole: pole length and cart mass drawn; arc: goals on "
+                   "the arc of radius 0.8) instead of the families' training tasks")
     p.add_argument("--capture", choices=("auto", "on", "off"), default="auto",
                    help="captured rollouts (one compiled step, CUDA graphs on CUDA): auto = on CUDA only (default auto)")
     p.add_argument("--json", metavar="PATH", help="also write the records as JSON")
