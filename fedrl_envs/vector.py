@@ -428,6 +428,36 @@ class FamilyVectorEnv(VectorEnv):
         self._t = t
         return obs, reward, terminated, truncated, info
 
+    def functional_autoreset_step(
+        self, state: torch.Tensor, t: torch.Tensor, counters: torch.Tensor, action: torch.Tensor,
+        row_agent: torch.Tensor, bases: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """:meth:`step` with autoreset as a pure function of tensors, without a data-dependent branch
+        (what a compiled, captured rollout runs; ``fedrl_envs.capture``): the same numbers as
+        :meth:`step`. Every row's reset is computed from the words :meth:`_draw_reset_rows` would hash
+        for it and kept where its episode ended; every agent with an ended row advances its stream
+        by the full draw, as the eager step does.
+
+        :param state: the laid-out kernel state; ``t``: time indices; ``counters``: the streams'
+        :param action: valid actions ``[num_envs, ...]`` (not checked here)
+        :param row_agent: each row's agent; ``bases``: its reset words' fixed part (:meth:`_reset_word_bases`)
+        :return: next state, time indices, counters and observation (a reset row's first), then the
+            step's reward, terminated and truncated flags
+        """
+        family, params = self.family, self.params
+        next_state, reward, terminated = family.step(state, action, params)
+        t = t + 1
+        truncated = torch.zeros_like(terminated) if self.horizon is None else t >= self.horizon + 1
+        done = terminated | truncated
+        words = bases + (counters * _GOLDEN).index_select(0, row_agent).unsqueeze(1)
+        fresh = self._laid_out(family.reset(params, uniform32_of_finalizer_input(words)))
+        rows = done.reshape(done.shape + (1,) * (next_state.dim() - 1))
+        next_state = torch.where(rows, fresh.to(next_state.dtype), next_state)
+        obs = family.observe(next_state, params)
+        draw = self.n_envs * family.reset_noise_dim
+        counters = counters + done.reshape(self.n_agents, self.n_envs).any(-1).to(counters.dtype) * draw
+        return next_state, torch.where(done, torch.zeros_like(t), t), counters, obs, reward, terminated, truncated
+
     def _step_fused(
         self, actions: Any
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:

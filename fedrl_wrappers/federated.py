@@ -18,6 +18,7 @@ See ``docs/federated_env.md`` for shapes, modes and interoperability.
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 import fedrl_envs
 from fedrl_envs import FamilyVectorEnv, derive_keys
+from fedrl_envs.capture import ChunkRunner, check_capture, resolve_capture
 from fedrl_envs.family import alive_mask
+from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import seed_from_entropy
 from fedrl_envs.threads import with_fitted_threads
 from fedrl_envs.validation import MAX_ENVS, _reset_mask, check_array_type, check_device, check_int, check_seed
@@ -40,6 +43,9 @@ from fedrl_wrappers.snapshot import EpisodeRecorder, generator_from_state, tenso
 
 if TYPE_CHECKING:
     from stable_baselines3.common.vec_env import VecEnv
+
+#: steps per compiled chunk (one CUDA graph) of a captured rollout
+_CAPTURE_CHUNK = 32
 
 __all__ = ["FederatedVecEnv", "NativeFederatedVecEnv", "GenericFederatedVecEnv", "EnvRollout"]
 
@@ -389,6 +395,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         n_steps: int | None = None,
         seed: int | None = None,
         stop_when_done: bool = False,
+        capture: Any = "auto",
     ) -> EnvRollout:
         """Reset, then collect ``n_steps`` steps of every environment with ``policy_fn`` in the loop.
 
@@ -400,8 +407,14 @@ class FederatedVecEnv(VectorEnv, ABC):
         :param stop_when_done: fixed-horizon mode only: return as soon as every environment has
             terminated (the steps left would all be padding), so the rollout may hold fewer than
             ``n_steps`` steps; ``policy_fn`` is not called for the steps not taken
+        :param capture: run the steps captured (``fedrl_envs.capture``: ``policy_fn`` and the step
+            compiled as one program, chunks of steps replayed as CUDA graphs): ``"auto"`` (default) on
+            CUDA, ``True``, ``False``. It applies to a native family with ``autoreset=True`` and torch
+            arrays; ``policy_fn`` must then be traceable by ``torch.compile`` without a graph break
+            (else the eager loop runs, after a warning). Actions are checked once per chunk
         :return: :class:`EnvRollout` with axes ``[agent, env, time, ...]``
         """
+        check_capture(capture)
         if n_steps is None:
             if self.horizon is None:
                 raise ValueError(f"n_steps is required: {self.env_id} has no fixed horizon")
@@ -413,6 +426,11 @@ class FederatedVecEnv(VectorEnv, ABC):
         if not isinstance(stop_when_done, bool):
             raise TypeError(f"stop_when_done must be a bool, got {stop_when_done!r}")
         stop_when_done = stop_when_done and not self.autoreset
+        if (resolve_capture(capture, self.device) and self.backend == "native" and self.autoreset
+                and self.array_type == "torch"):
+            captured = self._captured_rollout(policy_fn, n_steps, seed)
+            if captured is not None:
+                return captured
         obs, _ = self.reset(seed=seed)
         observations, actions, rewards, terminated, truncated = [], [], [], [], []
         for _ in range(n_steps):
@@ -546,6 +564,66 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
         if snapshot["state"] is not None:
             self.set_state(tensor_from_data(snapshot["state"], self.device), tensor_from_data(snapshot["t"], self.device))
         self._elapsed = int(snapshot["elapsed"])
+
+    def _capture_runner(self, policy_fn: Callable[[torch.Tensor], Any]) -> ChunkRunner:
+        """The compiled (policy, step) of ``policy_fn``, kept for it (and these task parameters)."""
+        cache = self.__dict__.setdefault("_capture_runners", {})
+        key = id(policy_fn)
+        cached = cache.get(key)
+        if cached is not None and cached[0] is policy_fn and cached[1] is self.params:
+            return cached[2]
+        n_agents, n_envs, act_shape = self.n_agents, self.n_envs, tuple(self.single_action_space.shape or ())
+
+        def step(state: torch.Tensor, t: torch.Tensor, counters: torch.Tensor, obs: torch.Tensor, row_agent: torch.Tensor,
+                 bases: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            action = policy_fn(obs.reshape(n_agents, n_envs, *obs.shape[1:]))
+            action = action.reshape(n_agents * n_envs, *act_shape)
+            next_state, t, counters, next_obs, reward, terminated, truncated = self.functional_autoreset_step(
+                state, t, counters, action, row_agent, bases)
+            return next_state, t, counters, next_obs, obs, action, reward, terminated, truncated
+
+        # ``_capture_backend``: "inductor"; the tests set "aot_eager" (eager's operations, bitwise)
+        runner = ChunkRunner(step, n_carry=4, backend=self.__dict__.get("_capture_backend", "inductor"))
+        cache.clear()  # one policy function at a time: its graphs hold device buffers
+        cache[key] = (policy_fn, self.params, runner)
+        return runner
+
+    def _captured_rollout(self, policy_fn: Callable[[torch.Tensor], Any], n_steps: int, seed: int | None) -> EnvRollout | None:
+        """:meth:`rollout` captured (``None`` after a warning when ``policy_fn`` cannot be compiled;
+        the environments are then as they were)."""
+        before = self.snapshot()
+        obs, _ = self.reset(seed=seed)
+        carry: tuple[torch.Tensor, ...] = (self.state, self._t, self.streams.counters, obs)
+        row_agent, bases = self._reset_word_bases()
+        records: list[tuple[torch.Tensor, ...]] = []
+        try:
+            with warnings.catch_warnings():
+                # The families' constant tables come from lru_cache'd builders of their device alone.
+                warnings.filterwarnings("ignore", message="Dynamo detected a call to a `functools.lru_cache`")
+                runner = self._capture_runner(policy_fn)
+                for start in range(0, n_steps, _CAPTURE_CHUNK):
+                    carry, chunk = runner.run(carry, (row_agent, bases), min(_CAPTURE_CHUNK, n_steps - start))
+                    # One check per chunk (eager checks every step): the chunk's actions, before they are returned.
+                    self.family.validate_action(torch.cat([r[1] for r in chunk]), repeat_params(self.params, len(chunk)))
+                    records.extend(chunk)
+        except ValueError:
+            self.restore_snapshot(before)
+            raise
+        except Exception as err:  # noqa: BLE001  (any compiler failure: the eager loop runs instead)
+            self.restore_snapshot(before)
+            warnings.warn(f"rollout(capture=...): policy_fn could not be captured ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); the eager loop runs instead", stacklevel=3)
+            return None
+        state, t, counters, last_obs = carry
+        self.set_state(state, t)
+        self.streams.counters = counters
+        self._elapsed = n_steps
+
+        def stack(i: int) -> torch.Tensor:
+            flat = torch.stack([r[i] for r in records])  # [time, num_envs, ...], as the eager loop stores it
+            return flat.reshape(n_steps, self.n_agents, self.n_envs, *flat.shape[2:]).movedim(0, 2)
+
+        return EnvRollout(stack(0), stack(1), stack(2), stack(3), stack(4), self.structured(last_obs))
 
     @fitted_to_envs
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:

@@ -84,14 +84,13 @@ def _streams_after_eager(n, family, params, policy, theta):
 @pytest.mark.parametrize("env_id", FAMILIES)
 def test_the_captured_step_is_one_graph(env_id, one_thread):
     family, params, policy, theta, n = _setup(env_id)
-    runner = CapturedRollout(family, policy, backend="aot_eager")
-    step = runner.step_function((n,), 2)
     from fedrl_envs.params import repeat_params
 
     rows = repeat_params(params, 2)
+    step = CapturedRollout(family, policy, backend="aot_eager").runner((n,), 2, rows).compiled
     state = family.reset(rows, torch.zeros(2 * n, family.reset_noise_dim))
     streams = _streams(n)
-    explanation = torch._dynamo.explain(step._torchdynamo_orig_callable)(state, theta, streams.keys, streams.counters, rows)
+    explanation = torch._dynamo.explain(step._torchdynamo_orig_callable)(state, streams.counters, theta, streams.keys)
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
 
 
@@ -154,3 +153,52 @@ def test_a_federation_trains_captured(one_thread):
     model.learn(total_rounds=2)
     torch.testing.assert_close(model.theta, eager.theta, rtol=1e-5, atol=1e-6)
     assert not torch.equal(model.theta, PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu").theta)
+
+
+# --- the env's own rollouts: FederatedVecEnv.rollout(capture=...) --------------------------------
+def _env(env_id: str, backend: str = "aot_eager"):
+    from fedrl_wrappers import FederatedVecEnv
+
+    env = FederatedVecEnv(env_id, 6, autoreset=True, seed=3, kernels="torch")
+    env._capture_backend = backend
+    return env
+
+
+def _hash_policy(space):
+    from fedrl_algos.bench.vector import _hash_policy as policy
+
+    return policy(space)
+
+
+@pytest.mark.parametrize("env_id", FAMILIES)
+def test_the_envs_captured_rollout_equals_its_eager_rollout(env_id, one_thread):
+    # Past GridWorld's, arc navigation's and Pendulum's horizons and CartPole's failures (autoresets).
+    eager_env, captured_env = _env(env_id), _env(env_id)
+    policy = _hash_policy(eager_env.single_action_space)
+    steps = 210 if "Pendulum" in env_id else 70  # Pendulum's episodes end at its time limit, 200
+    eager = eager_env.rollout(policy, n_steps=steps, capture=False)
+    captured = captured_env.rollout(policy, n_steps=steps, capture=True)
+    for name, a, b in zip(eager._fields, eager, captured, strict=True):
+        assert torch.equal(a, b), name
+    assert bool(eager.terminated.any() | eager.truncated.any())  # autoresets happened inside
+    # ... and the environments go on from the same state
+    action = policy(eager.last_observations).reshape(eager_env.num_envs, *(eager_env.single_action_space.shape or ()))
+    for a, b in zip(eager_env.step(action)[:4], captured_env.step(action)[:4], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_envs_captured_rollout_checks_actions_and_falls_back(one_thread):
+    env = _env("fedrl/ArcNavigation-v0")
+    with pytest.raises(ValueError, match="action"):  # checked once per chunk, as eager checks every step
+        env.rollout(lambda obs: torch.full((*obs.shape[:2], 2), float("nan")), n_steps=5, capture=True)
+    env = _env("fedrl/GridWorld-v0")
+
+    def untraceable(obs):
+        if float(obs.float().sum()) > 1e30:
+            raise AssertionError
+        return torch.zeros(obs.shape[:2], dtype=torch.long)
+
+    eager_env = _env("fedrl/GridWorld-v0")
+    with pytest.warns(UserWarning, match="could not be captured"):
+        got = env.rollout(untraceable, n_steps=5, capture=True, seed=1)
+    assert torch.equal(got.observations, eager_env.rollout(untraceable, n_steps=5, capture=False, seed=1).observations)

@@ -59,6 +59,9 @@ class VectorBenchRecord:
     notes: dict[str, str]
     #: what fedrl's step kernel ran on (``FederatedVecEnv(kernels=)``)
     kernels: str = "torch"
+    #: steps/s of fedrl's captured rollout (``rollout(capture=True)``: 128 steps of a policy in the
+    #: loop and the step as one program, CUDA graphs on CUDA); ``None``: not timed
+    captured_steps_per_s: float | None = None
 
     def ratio(self, baseline: str) -> float | None:
         """fedrl's steps/s over ``baseline``'s, or ``None`` when the baseline did not run."""
@@ -120,6 +123,45 @@ def _fedrl_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: in
         actions = actions.to(device)
         sync = (lambda _: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda" else None
         return _rate(lambda k: venv.step(actions[k % _ACTION_BLOCK]), venv.num_envs, min_time, sync)
+    finally:
+        venv.close()
+
+
+def _hash_policy(space: Any) -> Callable[[Any], Any]:
+    """A policy that is a hash of the observation (cheap, deterministic, spread over the actions):
+    what the captured rollout runs in its loop, as gymnax-scan draws its actions inside the scan."""
+    if hasattr(space, "n"):
+        n = int(space.n)
+
+        def discrete(obs: Any) -> Any:
+            return (obs.reshape(*obs.shape[:2], -1).float() * 9973.1).sum(-1).floor().long() % n
+
+        return discrete
+    low, high = float(space.low.min()), float(space.high.max())
+
+    def continuous(obs: Any) -> Any:
+        import torch
+
+        x = (obs.reshape(*obs.shape[:2], -1) * 9973.1).sum(-1, keepdim=True)
+        return low + (high - low) * (torch.sin(x) * 0.5 + 0.5)
+
+    return continuous
+
+
+def _fedrl_captured_rate(env_id: str, n_envs: int, device: str, min_time: float, seed: int) -> float:
+    """Env steps/s of fedrl's captured rollouts of ``SCAN_STEPS`` steps (after one that compiles)."""
+    import torch
+
+    import fedrl_envs
+    from fedrl_wrappers import FederatedVecEnv
+
+    n_agents = len(fedrl_envs.get_family(env_id).train_tasks)
+    venv = FederatedVecEnv(env_id, max(n_envs // n_agents, 1), agents=list(range(n_agents)), device=device, seed=seed, kernels="torch")
+    try:
+        policy = _hash_policy(venv.single_action_space)
+        venv.rollout(policy, n_steps=SCAN_STEPS, capture=True)  # compiles (and records the CUDA graphs)
+        sync = (lambda _: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda" else None
+        return SCAN_STEPS * _rate(lambda k: venv.rollout(policy, n_steps=SCAN_STEPS, capture=True).rewards, venv.num_envs, min_time, sync)
     finally:
         venv.close()
 
@@ -228,6 +270,7 @@ def bench_vector(
     seed: int = 0,
     show: bool = True,
     kernels: str = "auto",
+    captured: bool = False,
 ) -> list[VectorBenchRecord]:
     """Time fedrl's federated env against each installed baseline; one record per env and size.
 
@@ -273,6 +316,7 @@ def bench_vector(
             row_kernels = "torch" if kernels == "numba" and not fused else kernels
         for n_envs in sizes:
             fedrl_rate = _fedrl_rate(env_id, n_envs, device, min_time, seed, row_kernels)
+            captured_rate = _fedrl_captured_rate(env_id, n_envs, device, min_time, seed) if captured else None
             rates: dict[str, float | None] = {}
             notes: dict[str, str] = {}
             for name in baselines:
@@ -280,7 +324,7 @@ def bench_vector(
                     rates[name], notes[name] = runners[name](env_id, n_envs)
                 except ImportError as err:
                     rates[name], notes[name] = None, f"not installed ({err.name})"
-            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes, row_kernels))
+            records.append(VectorBenchRecord(env_id, n_envs, device, fedrl_rate, rates, notes, row_kernels, captured_rate))
     if show:
         print_vector_table(records)
     return records
@@ -291,19 +335,25 @@ def print_vector_table(records: Sequence[VectorBenchRecord]) -> None:
     import torch
 
     names = list(dict.fromkeys(n for r in records for n in r.baseline_steps_per_s))
-    header = ["env", "envs", "kernels", "fedrl/s", *[f"{n}/s" for n in names], *[f"vs {n}" for n in names]]
+    captured = any(r.captured_steps_per_s is not None for r in records)
+    header = ["env", "envs", "kernels", "fedrl/s", *(["captured/s"] if captured else []), *[f"{n}/s" for n in names],
+              *[f"vs {n}" for n in names], *([f"captured vs {n}" for n in names] if captured else [])]
     lines = [header]
     for r in records:
         rates = [r.baseline_steps_per_s.get(n) for n in names]
         ratios = [r.ratio(n) for n in names]
+        fast = r.captured_steps_per_s
+        captured_ratios = [None if not (x and fast) else fast / x for x in rates]
         lines.append(
             [
                 r.env_id.split("/")[-1],
                 str(r.n_envs),
                 r.kernels,
                 f"{r.fedrl_steps_per_s:.3g}",
+                *(["-" if fast is None else f"{fast:.3g}"] if captured else []),
                 *["-" if x is None else f"{x:.3g}" for x in rates],
                 *["-" if x is None else f"{x:.2f}x" for x in ratios],
+                *(["-" if x is None else f"{x:.2f}x" for x in captured_ratios] if captured else []),
             ]
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -327,6 +377,7 @@ def _cmd(args: argparse.Namespace) -> int:
         min_time=0.05 if args.quick else args.min_time,
         seed=args.seed,
         kernels=args.kernels,
+        captured=args.captured,
     )
     finish_bench(args.json, records)
     return 0
@@ -347,6 +398,9 @@ def add_vector_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--kernels", choices=["auto", "torch", "numpy", "numba"], default="auto",
                    help="what fedrl's step kernel runs on (numpy, numba: CPU only; numba: the fused step where the family has "
                         "one; auto, the default: numba where it applies and Numba is installed, else torch)")
+    p.add_argument("--captured", action="store_true",
+                   help=f"also time fedrl's captured rollout: {SCAN_STEPS} steps of a policy in the loop and the step as one program "
+                   "(CUDA graphs on CUDA), the way gymnax-scan runs")
     p.add_argument("--min-time", type=float, default=1.0, help="seconds per timing (default 1)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1000 envs, tiny timings")

@@ -31,33 +31,15 @@ from typing import Any
 import torch
 
 from fedrl_algos.core.trajectories import Trajectories
+from fedrl_envs.capture import CAPTURE, ChunkRunner, check_capture, resolve_capture
 from fedrl_envs.family import TaskFamily
 from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import RandomStreams
 
 __all__ = ["CAPTURE", "check_capture", "resolve_capture", "CapturedRollout", "captured_rollout"]
 
-#: the ``capture=`` choices: ``"auto"`` (captured on CUDA, eager elsewhere), ``True``, ``False``
-CAPTURE = ("auto", True, False)
-
 #: steps per CUDA graph: a host check of "every episode ended" (``stop_when_done``) between chunks
 DEFAULT_CHUNK = 32
-
-
-def check_capture(capture: Any) -> Any:
-    """``capture`` if it is one of :data:`CAPTURE` (``ValueError`` naming the argument otherwise)."""
-    if not any(capture is c or (isinstance(c, str) and capture == c) for c in CAPTURE):
-        raise ValueError(f"capture must be 'auto', True or False, got {capture!r}")
-    return capture
-
-
-def resolve_capture(capture: Any, device: torch.device | str) -> bool:
-    """Whether a rollout on ``device`` is captured: ``"auto"`` means on CUDA (where launches dominate;
-    on the CPU the eager and Numba paths are the fast ones, and keep their numbers)."""
-    check_capture(capture)
-    if capture == "auto":
-        return torch.device(device).type == "cuda"
-    return bool(capture)
 
 
 def _one_step(family: TaskFamily, policy: Any, batch: tuple[int, ...], m: int, state: torch.Tensor, theta: torch.Tensor,
@@ -90,22 +72,36 @@ class CapturedRollout:
         self.policy = policy
         self.backend = backend
         self.chunk = int(chunk)
-        self._compiled: dict[tuple[int, ...], Any] = {}
-        self._graphs: dict[tuple[Any, ...], _ChunkGraph] = {}
+        self._runners: dict[tuple[Any, ...], ChunkRunner] = {}
+        self._rows: dict[tuple[int, int], tuple[Any, Any]] = {}
 
-    def step_function(self, batch: tuple[int, ...], m: int) -> Any:
-        """The compiled step for batch shape ``batch`` and ``m`` trajectories (compiled once, kept)."""
-        key = (*batch, m)
-        step = self._compiled.get(key)
-        if step is None:
+    def rows_of(self, params: Any, m: int) -> Any:
+        """``params`` repeated ``m`` times (one object per parameter object and ``m``, kept: the
+        compiled step and its CUDA graphs are bound to it)."""
+        cached = self._rows.get((id(params), m))
+        if cached is None or cached[0] is not params:
+            cached = (params, repeat_params(params, m))
+            self._rows = {k: v for k, v in self._rows.items() if k[1] != m}
+            self._rows[(id(params), m)] = cached
+        return cached[1]
+
+    def runner(self, batch: tuple[int, ...], m: int, rows: Any) -> ChunkRunner:
+        """The compiled step for batch shape ``batch``, ``m`` trajectories and the task parameters
+        ``rows`` (compiled once, kept; a CUDA graph reads ``rows``' tensors in place)."""
+        key = (*batch, m, id(rows))
+        runner = self._runners.get(key)
+        if runner is None or runner.rows is not rows:
             family, policy = self.family, self.policy
 
-            def step_fn(state: torch.Tensor, theta: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor, rows: Any) -> Any:
-                return _one_step(family, policy, batch, m, state, theta, keys, counters, rows)
+            def step(state: torch.Tensor, counters: torch.Tensor, theta: torch.Tensor, keys: torch.Tensor) -> Any:
+                next_state, obs, action, reward, terminated, counters = _one_step(family, policy, batch, m, state, theta, keys, counters, rows)
+                return next_state, counters, obs, action, reward, terminated
 
-            step = torch.compile(step_fn, fullgraph=True, dynamic=False, backend=self.backend)
-            self._compiled[key] = step
-        return step
+            runner = ChunkRunner(step, n_carry=2, backend=self.backend)
+            runner.rows = rows  # type: ignore[attr-defined]
+            self._runners = {k: v for k, v in self._runners.items() if k[:-1] != key[:-1]}  # one parameter object per shape
+            self._runners[key] = runner
+        return runner
 
     def __call__(self, params: Any, theta: torch.Tensor, streams: RandomStreams, m: int, horizon: int,
                  stop_when_done: bool = False) -> Trajectories:
@@ -123,10 +119,10 @@ class CapturedRollout:
         n_rows = 1
         for b in batch:
             n_rows *= b
-        rows = repeat_params(params, m)
+        rows = self.rows_of(params, m)
         noise = streams.uniform((m, family.reset_noise_dim))
         state = family.reset(rows, noise.reshape(n_rows * m, -1))
-        step = self.step_function(batch, m)
+        runner = self.runner(batch, m, rows)
         theta = theta.detach()
         steps = horizon + 1
         start_counters = counters = streams.counters
@@ -135,14 +131,7 @@ class CapturedRollout:
         kept = steps  # the steps eager runs
         for start in range(0, steps, self.chunk):
             length = min(self.chunk, steps - start)
-            if theta.device.type == "cuda":
-                state, counters, chunk_records = self._graph(step, state, theta, streams.keys, counters, rows, length).run(
-                    state, theta, counters)
-            else:
-                chunk_records = []
-                for _ in range(length):
-                    state, obs, action, reward, terminated, counters = step(state, theta, streams.keys, counters, rows)
-                    chunk_records.append((obs, action, reward, terminated))
+            (state, counters), chunk_records = runner.run((state, counters), (theta, streams.keys), length)
             records.extend(chunk_records)
             if not stop_when_done:
                 continue
@@ -165,52 +154,6 @@ class CapturedRollout:
         time_axis = len(batch) + 1
         obs, actions, rewards, terminated = (torch.stack([r[i] for r in records], dim=time_axis) for i in range(4))
         return Trajectories.from_steps(obs, actions, rewards, terminated, theta.dtype)
-
-    def _graph(self, step: Any, state: torch.Tensor, theta: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor,
-               rows: Any, length: int) -> _ChunkGraph:
-        key = (tuple(state.shape), state.dtype, tuple(theta.shape), theta.dtype, id(rows), length)
-        graph = self._graphs.get(key)
-        if graph is None or graph.rows is not rows:
-            graph = _ChunkGraph(step, state, theta, keys, counters, rows, length)
-            self._graphs[key] = graph
-        return graph
-
-
-class _ChunkGraph:
-    """``length`` compiled steps recorded as one CUDA graph over static input and output buffers."""
-
-    def __init__(self, step: Any, state: torch.Tensor, theta: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor,
-                 rows: Any, length: int) -> None:
-        self.rows = rows  # the graph reads the task parameters' tensors in place: keep them alive
-        self.state_in, self.theta_in = state.clone(), theta.clone()
-        self.keys_in, self.counters_in = keys.clone(), counters.clone()
-
-        def run_steps() -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, ...]]]:
-            s, c, out = self.state_in, self.counters_in, []
-            for _ in range(length):
-                s, obs, action, reward, terminated, c = step(s, self.theta_in, self.keys_in, c, rows)
-                out.append((obs, action, reward, terminated))
-            return s, c, out
-
-        # Warm-up on a side stream (compilation, lazy allocations), then the recording.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run_steps()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.state_out, self.counters_out, self.records_out = run_steps()
-
-    def run(self, state: torch.Tensor, theta: torch.Tensor, counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, ...]]]:
-        self.state_in.copy_(state)
-        self.theta_in.copy_(theta)
-        self.counters_in.copy_(counters)
-        self.graph.replay()
-        # The outputs are the graph's buffers, overwritten by the next replay: copies leave.
-        records = [tuple(x.clone() for x in r) for r in self.records_out]
-        return self.state_out.clone(), self.counters_out.clone(), records
 
 
 def captured_rollout(family: TaskFamily, params: Any, policy: Any, theta: torch.Tensor, streams: RandomStreams, m: int,

@@ -1,0 +1,109 @@
+"""Steps run as one program: a step function compiled whole, chunks of steps replayed as CUDA graphs.
+
+The layer below the captured rollouts of the envs (``FederatedVecEnv.rollout(capture=...)``) and of
+the algorithms' samplers (:mod:`fedrl_algos.core.capture`). A step function maps a *carry* (the
+tensors one step hands the next: state, time indices, stream counters) and *inputs* (tensors that
+stay fixed through a rollout: policy parameters, stream keys) to the next carry and the step's
+*records* (observation, action, reward, flags). :class:`ChunkRunner` runs ``length`` steps of it:
+
+* compiled once (``torch.compile(fullgraph=True, dynamic=False)``: one graph, no break);
+* on CUDA, the ``length`` compiled steps recorded as one CUDA graph over static buffers and replayed
+  (one launch per chunk instead of dozens per step), re-recorded only for a new shape or
+  ``length``;
+* elsewhere, the compiled step called ``length`` times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CAPTURE", "check_capture", "resolve_capture", "ChunkRunner"]
+
+#: the ``capture=`` choices: ``"auto"`` (captured on CUDA, eager elsewhere), ``True``, ``False``
+CAPTURE = ("auto", True, False)
+
+
+def check_capture(capture: Any, name: str = "capture") -> Any:
+    """``capture`` if it is one of :data:`CAPTURE` (``ValueError`` naming the argument otherwise)."""
+    if not any(capture is c or (isinstance(c, str) and isinstance(capture, str) and capture == c) for c in CAPTURE):
+        raise ValueError(f"{name} must be 'auto', True or False, got {capture!r}")
+    return capture
+
+
+def resolve_capture(capture: Any, device: torch.device | str) -> bool:
+    """Whether a rollout on ``device`` is captured: ``"auto"`` means on CUDA (where launches dominate;
+    on the CPU the eager and Numba paths are the fast ones, and keep their numbers)."""
+    check_capture(capture)
+    if capture == "auto":
+        return torch.device(device).type == "cuda"
+    return bool(capture)
+
+
+Records = list[tuple[torch.Tensor, ...]]
+
+
+class ChunkRunner:
+    """Runs chunks of a step function ``step(*carry, *inputs) -> (*carry, *records)`` as one program.
+
+    :param step: the step (pure in its tensors; objects it closes over, such as task parameters,
+        must keep their tensors while the runner is used: a CUDA graph reads them in place)
+    :param n_carry: how many of its first arguments and outputs are the carry
+    :param backend: ``torch.compile``'s backend (``"aot_eager"`` runs eager's operations, for checks)
+    """
+
+    def __init__(self, step: Callable[..., tuple[torch.Tensor, ...]], n_carry: int, backend: str = "inductor") -> None:
+        self.compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=backend)
+        self.n_carry = int(n_carry)
+        self._graphs: dict[tuple[Any, ...], _ChunkGraph] = {}
+
+    def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], length: int) -> tuple[tuple[torch.Tensor, ...], Records]:
+        """``length`` steps from ``carry``: the carry after them and each step's records."""
+        if carry[0].device.type == "cuda":
+            key = (length, *((tuple(x.shape), x.dtype) for x in (*carry, *inputs)))
+            graph = self._graphs.get(key)
+            if graph is None:
+                graph = self._graphs[key] = _ChunkGraph(self.compiled, self.n_carry, carry, inputs, length)
+            return graph.run(carry, inputs)
+        records: Records = []
+        for _ in range(length):
+            out = self.compiled(*carry, *inputs)
+            carry, step_records = tuple(out[: self.n_carry]), tuple(out[self.n_carry:])
+            records.append(step_records)
+        return carry, records
+
+
+class _ChunkGraph:
+    """``length`` compiled steps recorded as one CUDA graph over static input and output buffers."""
+
+    def __init__(self, step: Any, n_carry: int, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], length: int) -> None:
+        self.carry_in = tuple(x.clone() for x in carry)
+        self.inputs_in = tuple(x.clone() for x in inputs)
+
+        def steps() -> tuple[tuple[torch.Tensor, ...], Records]:
+            c, records = self.carry_in, []
+            for _ in range(length):
+                out = step(*c, *self.inputs_in)
+                c = tuple(out[:n_carry])
+                records.append(tuple(out[n_carry:]))
+            return c, records
+
+        # Warm-up on a side stream (compilation, lazy allocations), then the recording.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                steps()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.carry_out, self.records_out = steps()
+
+    def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], Records]:
+        for buffer, value in zip((*self.carry_in, *self.inputs_in), (*carry, *inputs), strict=True):
+            buffer.copy_(value)
+        self.graph.replay()
+        # The outputs are the graph's buffers, overwritten by the next replay: copies leave.
+        return tuple(x.clone() for x in self.carry_out), [tuple(x.clone() for x in r) for r in self.records_out]
