@@ -15,6 +15,8 @@ stay fixed through a rollout: policy parameters, stream keys) to the next carry 
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -48,21 +50,26 @@ Records = list[tuple[torch.Tensor, ...]]
 class ChunkRunner:
     """Runs chunks of a step function ``step(*carry, *inputs) -> (*carry, *records)`` as one program.
 
-    :param step: the step (pure in its tensors; objects it closes over, such as task parameters,
-        must keep their tensors while the runner is used: a CUDA graph reads them in place)
+    :param step: the step (pure in its tensors). Its inputs are tensors or dataclasses of tensors
+        (a family's task parameters): new objects of the same shapes reuse the compiled program.
+        What it closes over (a family, a policy) is constant for this runner
     :param n_carry: how many of its first arguments and outputs are the carry
     :param backend: ``torch.compile``'s backend (``"aot_eager"`` runs eager's operations, for checks)
     """
 
     def __init__(self, step: Callable[..., tuple[torch.Tensor, ...]], n_carry: int, backend: str = "inductor") -> None:
-        self.compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=backend)
+        # A fresh code object per runner: torch.compile keeps its compiled programs, and its limit
+        # of recompilations, per code object, so runners of other families or policies (which the
+        # step closes over) neither evict nor count against each other, and go when the runner goes.
+        fresh = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__, step.__closure__)
+        self.compiled = torch.compile(fresh, fullgraph=True, dynamic=False, backend=backend)
         self.n_carry = int(n_carry)
         self._graphs: dict[tuple[Any, ...], _ChunkGraph] = {}
 
-    def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], length: int) -> tuple[tuple[torch.Tensor, ...], Records]:
+    def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[Any, ...], length: int) -> tuple[tuple[torch.Tensor, ...], Records]:
         """``length`` steps from ``carry``: the carry after them and each step's records."""
         if carry[0].device.type == "cuda":
-            key = (length, *((tuple(x.shape), x.dtype) for x in (*carry, *inputs)))
+            key = (length, *((tuple(x.shape), x.dtype) for x in (*carry, *_tensors(inputs))))
             graph = self._graphs.get(key)
             if graph is None:
                 graph = self._graphs[key] = _ChunkGraph(self.compiled, self.n_carry, carry, inputs, length)
@@ -78,9 +85,9 @@ class ChunkRunner:
 class _ChunkGraph:
     """``length`` compiled steps recorded as one CUDA graph over static input and output buffers."""
 
-    def __init__(self, step: Any, n_carry: int, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...], length: int) -> None:
+    def __init__(self, step: Any, n_carry: int, carry: tuple[torch.Tensor, ...], inputs: tuple[Any, ...], length: int) -> None:
         self.carry_in = tuple(x.clone() for x in carry)
-        self.inputs_in = tuple(x.clone() for x in inputs)
+        self.inputs_in = tuple(_static_copy(x) for x in inputs)
 
         def steps() -> tuple[tuple[torch.Tensor, ...], Records]:
             c, records = self.carry_in, []
@@ -101,9 +108,30 @@ class _ChunkGraph:
         with torch.cuda.graph(self.graph):
             self.carry_out, self.records_out = steps()
 
-    def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], Records]:
-        for buffer, value in zip((*self.carry_in, *self.inputs_in), (*carry, *inputs), strict=True):
+    def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[Any, ...]) -> tuple[tuple[torch.Tensor, ...], Records]:
+        for buffer, value in zip((*self.carry_in, *_tensors(self.inputs_in)), (*carry, *_tensors(inputs)), strict=True):
             buffer.copy_(value)
         self.graph.replay()
         # The outputs are the graph's buffers, overwritten by the next replay: copies leave.
         return tuple(x.clone() for x in self.carry_out), [tuple(x.clone() for x in r) for r in self.records_out]
+
+
+def _tensors(inputs: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The tensors of ``inputs``: tensors, and the tensor fields of dataclasses, in order."""
+    out: list[torch.Tensor] = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif dataclasses.is_dataclass(x):
+            out.extend(v for v in (getattr(x, f.name) for f in dataclasses.fields(x)) if isinstance(v, torch.Tensor))
+        else:
+            raise TypeError(f"inputs must be tensors or dataclasses of tensors, got {type(x).__name__}")
+    return out
+
+
+def _static_copy(x: Any) -> Any:
+    """A copy a CUDA graph can own: a cloned tensor, or the dataclass with its tensor fields cloned."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    fields = {f.name: getattr(x, f.name).clone() for f in dataclasses.fields(x) if isinstance(getattr(x, f.name), torch.Tensor)}
+    return dataclasses.replace(x, **fields)

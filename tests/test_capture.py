@@ -87,10 +87,10 @@ def test_the_captured_step_is_one_graph(env_id, one_thread):
     from fedrl_envs.params import repeat_params
 
     rows = repeat_params(params, 2)
-    step = CapturedRollout(family, policy, backend="aot_eager").runner((n,), 2, rows).compiled
+    step = CapturedRollout(family, policy, backend="aot_eager").runner((n,), 2).compiled
     state = family.reset(rows, torch.zeros(2 * n, family.reset_noise_dim))
     streams = _streams(n)
-    explanation = torch._dynamo.explain(step._torchdynamo_orig_callable)(state, streams.counters, theta, streams.keys)
+    explanation = torch._dynamo.explain(step._torchdynamo_orig_callable)(state, streams.counters, theta, streams.keys, rows)
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
 
 
@@ -202,3 +202,23 @@ def test_the_envs_captured_rollout_checks_actions_and_falls_back(one_thread):
     with pytest.warns(UserWarning, match="could not be captured"):
         got = env.rollout(untraceable, n_steps=5, capture=True, seed=1)
     assert torch.equal(got.observations, eager_env.rollout(untraceable, n_steps=5, capture=False, seed=1).observations)
+
+
+def test_many_policies_and_partial_participation_never_exhaust_recompilation(one_thread):
+    # torch.compile allows 8 recompilations per code object: each runner compiles a fresh copy of
+    # the step, and new task-parameter objects (partial participation's rows) are inputs, not constants.
+    import warnings
+
+    family, params, _, theta, n = _setup("fedrl/GridWorld-v0")
+    task = family.train_tasks[0]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(10):
+            policy = TabularPolicy(family.observation_space(task), family.action_space(task))
+            assert captured_rollout(family, params, policy, theta, _streams(n), 2, 5, backend="aot_eager") is not None
+        model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", local_steps=1, agents_per_round=3, seed=0, device="cpu")
+        model.capture = True
+        model.learn(total_rounds=10)
+    assert not [w for w in seen if "could not be captured" in str(w.message)]
+    eager = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", local_steps=1, agents_per_round=3, seed=0, device="cpu").learn(total_rounds=10)
+    torch.testing.assert_close(model.theta, eager.theta, rtol=1e-5, atol=1e-6)

@@ -85,22 +85,19 @@ class CapturedRollout:
             self._rows[(id(params), m)] = cached
         return cached[1]
 
-    def runner(self, batch: tuple[int, ...], m: int, rows: Any) -> ChunkRunner:
-        """The compiled step for batch shape ``batch``, ``m`` trajectories and the task parameters
-        ``rows`` (compiled once, kept; a CUDA graph reads ``rows``' tensors in place)."""
-        key = (*batch, m, id(rows))
+    def runner(self, batch: tuple[int, ...], m: int) -> ChunkRunner:
+        """The compiled step for batch shape ``batch`` and ``m`` trajectories (compiled once, kept;
+        the task parameters are an input, so new parameter objects of these shapes reuse it)."""
+        key = (*batch, m)
         runner = self._runners.get(key)
-        if runner is None or runner.rows is not rows:
+        if runner is None:
             family, policy = self.family, self.policy
 
-            def step(state: torch.Tensor, counters: torch.Tensor, theta: torch.Tensor, keys: torch.Tensor) -> Any:
+            def step(state: torch.Tensor, counters: torch.Tensor, theta: torch.Tensor, keys: torch.Tensor, rows: Any) -> Any:
                 next_state, obs, action, reward, terminated, counters = _one_step(family, policy, batch, m, state, theta, keys, counters, rows)
                 return next_state, counters, obs, action, reward, terminated
 
-            runner = ChunkRunner(step, n_carry=2, backend=self.backend)
-            runner.rows = rows  # type: ignore[attr-defined]
-            self._runners = {k: v for k, v in self._runners.items() if k[:-1] != key[:-1]}  # one parameter object per shape
-            self._runners[key] = runner
+            runner = self._runners[key] = ChunkRunner(step, n_carry=2, backend=self.backend)
         return runner
 
     def __call__(self, params: Any, theta: torch.Tensor, streams: RandomStreams, m: int, horizon: int,
@@ -122,7 +119,7 @@ class CapturedRollout:
         rows = self.rows_of(params, m)
         noise = streams.uniform((m, family.reset_noise_dim))
         state = family.reset(rows, noise.reshape(n_rows * m, -1))
-        runner = self.runner(batch, m, rows)
+        runner = self.runner(batch, m)
         theta = theta.detach()
         steps = horizon + 1
         start_counters = counters = streams.counters
@@ -131,7 +128,7 @@ class CapturedRollout:
         kept = steps  # the steps eager runs
         for start in range(0, steps, self.chunk):
             length = min(self.chunk, steps - start)
-            (state, counters), chunk_records = runner.run((state, counters), (theta, streams.keys), length)
+            (state, counters), chunk_records = runner.run((state, counters), (theta, streams.keys, rows), length)
             records.extend(chunk_records)
             if not stop_when_done:
                 continue

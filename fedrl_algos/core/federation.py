@@ -121,6 +121,7 @@ class Federation:
             self.agent_ids = torch.as_tensor(self.agent_ids, dtype=torch.int64).reshape(-1)
             if self.agent_ids.shape[0] != self.n_agents:
                 raise ValueError(f"agent_ids must have one index per agent ({self.n_agents}), got {self.agent_ids.shape[0]}")
+        self._capture_cache: dict[Any, Any] = {}  # the samplers' compiled rollouts, shared (fedrl_algos.core.capture)
         self.streams = RandomStreams(run_keys(self.seeds, self.n_agents, agent_ids=self.agent_ids), self.device)
         self.server_streams = RandomStreams(derive_keys(self.seeds, _SERVER_STREAM), self.device)
         self.eval_streams = RandomStreams(run_keys(self.seeds, self.n_agents, _EVAL_STREAM, self.agent_ids), self.device)
@@ -139,10 +140,10 @@ class Federation:
         rows = torch.arange(self.n_agents).repeat(self.n_runs)
         self.row_params = index_params(self.agent_params, rows.to(first.device))
         self.sampler = KernelSampler(self.family, self.row_params, self.policy, self.streams, self.horizon_override, self.stop_when_done,
-                                     self.normalizer, update_normalizer=True, capture=self.capture)
+                                     self.normalizer, update_normalizer=True, capture=self.capture, capture_cache=self._capture_cache)
         self.eval_sampler = KernelSampler(
             self.family, self.row_params, self.policy, self.eval_streams, self.horizon_override, self.stop_when_done, self.normalizer,
-            capture=self.capture,
+            capture=self.capture, capture_cache=self._capture_cache,
         )
 
     @classmethod
@@ -275,7 +276,7 @@ class Federation:
         first = next(v for v in vars(self.row_params).values() if isinstance(v, torch.Tensor))
         rows = index_params(self.row_params, (runs * self.n_agents + agents).reshape(-1).to(first.device))
         sampler = KernelSampler(self.family, rows, self.policy, streams, self.horizon_override, self.stop_when_done,
-                                self.normalizer, update_normalizer=True, capture=self.capture)
+                                self.normalizer, update_normalizer=True, capture=self.capture, capture_cache=self._capture_cache)
         return AgentSelection(self, agents, streams, sampler)
 
     def local_round(

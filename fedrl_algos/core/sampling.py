@@ -174,6 +174,9 @@ class KernelSampler(Sampler):
     normalizer: Any = None
     update_normalizer: bool = False
     capture: Any = "auto"
+    #: where the captured rollouts' compiled programs are kept (a federation shares one between its
+    #: samplers, those of partial participation included); ``None``: this sampler's own
+    capture_cache: dict[Any, Any] | None = field(default=None, repr=False, compare=False)
     _plan: tuple[Any, Any, Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
     _captured: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -195,7 +198,7 @@ class KernelSampler(Sampler):
         horizon = self.family.horizon(self.params) if self.horizon is None else self.horizon
         if self.normalizer is None and resolve_capture(self.capture, theta.device):
             captured = captured_rollout(self.family, self.params, self.policy, theta, self.streams, m, horizon, self.stop_when_done,
-                                        cache=self._captured)
+                                        cache=self._captured if self.capture_cache is None else self.capture_cache)
             if captured is not None:
                 return captured
         if self.normalizer is None:  # a policy's fast plan reads the raw observations
