@@ -17,6 +17,7 @@ See ``docs/federated_env.md`` for shapes, modes and interoperability.
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from abc import ABC, abstractmethod
@@ -91,6 +92,23 @@ class EnvRollout(NamedTuple):
         if isinstance(self.terminated, np.ndarray):
             return alive_mask(torch.from_numpy(self.terminated)).numpy()
         return alive_mask(self.terminated)
+
+
+def resolve_env_id(env_id: str) -> str:
+    """The registered id of ``env_id``; ``"module:EnvId"`` (as ``gym.make`` takes it) first imports
+    ``module``, whose import registers ``EnvId``, and gives ``EnvId`` (the id a saved model records:
+    import the module before loading it).
+
+    :raise ValueError: naming the module when it cannot be imported
+    """
+    if ":" not in env_id:
+        return env_id
+    module, _, name = env_id.partition(":")
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"env_id {env_id!r}: its module {module!r} cannot be imported ({err})") from None
+    return name
 
 
 def _check_agent_kwargs(agent_kwargs: Any, n_expected: int | None) -> list[dict[str, Any]] | None:
@@ -227,6 +245,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         if cls is FederatedVecEnv:
             if not isinstance(env_id, str):
                 raise TypeError(f"env_id must be a registered environment id (str), got {type(env_id).__name__}")
+            env_id = resolve_env_id(env_id)
             cls = NativeFederatedVecEnv if fedrl_envs.family_of(env_id) is not None else GenericFederatedVecEnv
         return super().__new__(cls)
 
@@ -248,7 +267,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         # One signature and one set of argument checks for both backends; each builds in _build.
         if not isinstance(autoreset, bool):
             raise TypeError(f"autoreset must be a bool, got {type(autoreset).__name__}")
-        self.env_id = env_id
+        self.env_id = env_id = resolve_env_id(env_id)
         self._elapsed = 0
         self._finished: torch.Tensor | None = None
         self._frozen_obs: torch.Tensor | None = None
@@ -757,7 +776,8 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         self.single_action_space = first.single_action_space
         if isinstance(self.single_observation_space, gym.spaces.Dict | gym.spaces.Tuple):
             self.close()
-            raise TypeError(f"{env_id}: Dict and Tuple observation spaces are not supported by FederatedVecEnv")
+            raise TypeError(f"{env_id}: Dict and Tuple observation spaces are not supported by FederatedVecEnv; flatten them "
+                            "with gymnasium.wrappers.FlattenObservation, e.g. agent_kwargs=[{'wrappers': [FlattenObservation]}, ...]")
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         limits = {self._max_steps(v) for v in self._venvs}

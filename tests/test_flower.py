@@ -383,3 +383,15 @@ def test_fraction_train_is_the_models_agents_per_round():
             _apply_fraction_train(model, bad, None)
     with pytest.raises(ValueError, match="client sampling"):
         _apply_fraction_train(_models()["mfpo"](), 0.5, None)
+
+
+def test_flower_fails_loudly():
+    # An option the clients refuse fails in the driver, before Ray starts, with its reason ...
+    normalized = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=2, seed=0, device="cpu", horizon=20, normalize_observations=True)
+    with pytest.raises(ValueError, match="normalize_observations"):
+        simulate(normalized, num_rounds=1)
+    # ... and a federation whose every round is skipped raises, naming the first reason, instead of
+    # returning an untrained model.
+    plan = {(r, a): "raise" for r in (1, 2) for a in range(8)}
+    with pytest.warns(RejectedUpdateWarning), pytest.raises(RuntimeError, match="every one of the 2 Flower rounds was skipped.*injected"):
+        simulate(_models()["per_fedavg_pg"](), num_rounds=2, client_mods=[_fault_mod(plan)])

@@ -6,6 +6,7 @@ This module imports Flower only when a command runs, so ``fedrl --help`` works w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 from typing import Any
@@ -30,6 +31,21 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object of keyword arguments")
     return value
+
+
+def _user_errors(command: Any) -> Any:
+    """``command`` with what a user's input causes (an unknown env, a missing or foreign file, a
+    refused option, a federation whose rounds all failed) reported as ``fedrl flower: error: ...``
+    instead of a traceback."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
+            raise SystemExit(f"fedrl flower {args.flower_command}: error: {err}") from None
+
+    return run
 
 
 def _model_from_args(args: argparse.Namespace) -> Any:
@@ -136,14 +152,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--eval-trajectories", type=int, default=0, help="client-side evaluation rollouts per agent after each round")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.add_argument("--verbose", action="store_true", help="the model's logger on stdout (per-round metrics)")
-    sim.set_defaults(func=_cmd_simulate)
+    sim.set_defaults(func=_user_errors(_cmd_simulate))
     app = commands.add_parser("app", help="write a Flower App directory for flwr run",
                               description="Write a Flower App directory (pyproject.toml with [tool.flwr.app], server_app.py, "
                               "client_app.py) that trains a fedrl model file with flwr run, and print the commands of a "
                               "local deployment. With --algo the model is built and saved to --model first.")
     app.add_argument("directory", help="the app directory to write")
     _add_model_args(app, model_required=True)
-    app.set_defaults(func=_cmd_app)
+    app.set_defaults(func=_user_errors(_cmd_app))
     robust = commands.add_parser("robust", help="FedPG-BR's filter against Flower's Krum, MultiKrum, FedMedian, FedTrimmedAvg",
                                  description="FedPG-BR federations of the gridworld (3 of 8 agents Byzantine) trained through the "
                                  "Flower round with FedPG-BR's filter or a Flower strategy's robust aggregation in its place, "

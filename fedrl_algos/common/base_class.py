@@ -135,6 +135,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             raise TypeError(f"policy must be a policy name or a FlatPolicy subclass, got {policy!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+        if seed is not None and not 0 <= int(seed) < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63) (every random stream is keyed by it as an int64), got {seed}")
         if env is not None:
             device = check_device(device) if device != "auto" else device
         super().__init__(
@@ -672,6 +674,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             code; only for files you trust (then save them again to convert them)
         :param kwargs: attributes to override after loading
         """
+        if device != "auto":
+            device = check_device(device)  # a device this machine lacks is refused, as by the constructor
         if print_system_info:
             print("== CURRENT SYSTEM INFO ==")
             get_system_info()

@@ -22,7 +22,7 @@ import fedrl_envs
 from fedrl_envs.family import TaskFamily
 from fedrl_envs.params import stack_params
 from fedrl_envs.validation import check_int
-from fedrl_wrappers.federated import FederatedVecEnv
+from fedrl_wrappers.federated import FederatedVecEnv, resolve_env_id
 
 __all__ = ["FederationEnv", "resolve_federation_env", "n_tasks", "DEFAULT_ENVS_PER_AGENT"]
 
@@ -101,6 +101,8 @@ def resolve_federation_env(
     """
     if agent_kwargs is not None and n_agents is not None:
         raise ValueError("pass either agent_kwargs (one dict per agent) or n_agents (identical agents), not both")
+    if isinstance(env, str):
+        env = resolve_env_id(env)  # "module:EnvId", as gym.make takes it
     if isinstance(env, TaskFamily) or (isinstance(env, str) and fedrl_envs.family_of(env) is not None):
         if n_agents is not None:
             raise ValueError("n_agents applies to Gymnasium ids; a fedrl family's agents are its training tasks, or one per agent_kwargs dict")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from stable_baselines3.common import utils
 from stable_baselines3.common.callbacks import BaseCallback, ProgressBarCallback
@@ -39,6 +40,19 @@ class FederatedProgressBar(ProgressBarCallback):
         return True
 
 
+def check_callback(callback: Any, name: str = "callback") -> None:
+    """``TypeError`` naming ``name`` unless ``callback`` is what SB3's ``learn`` takes: ``None``, a
+    ``BaseCallback``, a function ``(locals, globals) -> bool``, or a list of ``BaseCallback``."""
+    if isinstance(callback, list):
+        bad = [item for item in callback if not isinstance(item, BaseCallback)]
+        if bad:
+            raise TypeError(f"{name}: a list of callbacks must hold SB3 BaseCallback objects only (a function can be "
+                            f"wrapped in ConvertCallback), got {type(bad[0]).__name__} {bad[0]!r}")
+    elif callback is not None and not isinstance(callback, BaseCallback) and not callable(callback):
+        raise TypeError(f"{name} must be an SB3 BaseCallback, a function (locals, globals) -> bool, a list of "
+                        f"BaseCallback, or None; got {type(callback).__name__} {callback!r}")
+
+
 class EnvFreeLearnMixin:
     """``learn`` set-up for SB3 algorithms that do not own one SB3 ``VecEnv``.
 
@@ -55,6 +69,7 @@ class EnvFreeLearnMixin:
         tb_log_name: str = "run",
         progress_bar: bool = False,
     ) -> tuple[int, BaseCallback]:
+        check_callback(callback)  # before anything changes: a bad callback must not cost a round
         self.start_time = time.time_ns()
         if reset_num_timesteps:
             self.num_timesteps = 0

@@ -323,12 +323,26 @@ def run_federation(
     callbacks = [] if callback is None else (list(callback) if isinstance(callback, list) else [callback])
     if checkpoint_path is not None:
         callbacks.append(RoundCheckpoint(checkpoint_path))
-    model._train_round = flower_round  # the round of learn(): over the Grid instead of in this process
+    outcomes: list[dict[str, Any]] = []
+
+    def recorded_round() -> None:
+        flower_round()
+        outcomes.append(dict(strategy.last_round))
+
+    model._train_round = recorded_round  # the round of learn(): over the Grid instead of in this process
     try:
         model.learn(total_rounds=rounds_left, callback=callbacks or None, progress_bar=progress_bar, log_interval=log_interval,
                     reset_num_timesteps=model.rounds_done == 0)
     finally:
         del model._train_round
+    if outcomes and all(o.get("skipped") for o in outcomes):
+        # Not an untrained model handed back as if trained: the first reason says what the clients hit.
+        reasons = [r for o in outcomes for r in o.get("reasons", ())]
+        first = reasons[0].strip().splitlines() if reasons else ["no reply"]
+        # A client's error arrives with its remote traceback: its first and last lines say what happened.
+        summary = first[0] if len(first) == 1 else f"{first[0]} ... {first[-1].strip()}"
+        raise RuntimeError(f"every one of the {len(outcomes)} Flower rounds was skipped (too few valid replies); the first "
+                           f"reason: {summary}")
     return model
 
 

@@ -12,10 +12,10 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedrl_algos.common.round_protocol import protocol_for
+from fedrl_algos.common.round_protocol import AgentWorker, protocol_for
 from fedrl_algos.flower.client_app import make_client_app
 from fedrl_algos.flower.server_app import _check_count, run_federation
-from fedrl_algos.flower.task import model_to_bytes
+from fedrl_algos.flower.task import load_model, model_to_bytes
 
 __all__ = ["simulate", "default_backend_config"]
 
@@ -95,6 +95,10 @@ def simulate(
     if backend_config is not None and not isinstance(backend_config, dict):
         raise TypeError(f"backend_config must be a dict, got {type(backend_config).__name__}")
     model_bytes = model_to_bytes(model)
+    # What every ClientApp does first, done here before Ray starts: a model the clients cannot load,
+    # or an agent they cannot build (an option Flower does not support), fails now with its reason
+    # instead of in every SuperNode's traceback.
+    AgentWorker(load_model(model_bytes, algorithm=type(model)), 0)
     outcome: dict[str, Any] = {}
 
     server = ServerApp()

@@ -21,6 +21,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
@@ -199,6 +200,9 @@ class FlatPolicy(BasePolicy):
         """
         if isinstance(observation, torch.Tensor):
             observation = observation.detach().cpu().numpy()
+        values = np.asarray(observation) if not isinstance(observation, dict) else None
+        if values is not None and values.dtype.kind in "fc" and not np.isfinite(values).all():
+            raise ValueError(f"observation must be finite, got {int((~np.isfinite(values)).sum())} NaN or infinite values")
         return super().predict(observation, state, episode_start, deterministic)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:

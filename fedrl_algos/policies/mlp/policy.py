@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from gymnasium import spaces
 from torch import nn
@@ -135,6 +136,9 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         self.gaussian, out_dim, self.action_head = action_head_for(action_space, squash, "MlpPolicy")
         self.activation_name, self.activation_fn, self._activation = resolve_activation(activation, activation_fn)
         n_inputs = int(observation_space.n) if self.one_hot_observations else int(observation_space.shape[0])
+        if isinstance(net_arch, str | bytes) or not isinstance(net_arch, Sequence) or not all(
+                isinstance(h, int | np.integer) and not isinstance(h, bool) and h > 0 for h in net_arch):
+            raise ValueError(f"net_arch must be a list of hidden layer sizes (positive ints, e.g. [64, 64]), got {net_arch!r}")
         self.sizes = [n_inputs, *[int(h) for h in net_arch], out_dim]
         n_layers = len(self.sizes) - 1
         stds = [float(init_std)] * n_layers if isinstance(init_std, int | float) else [float(s) for s in init_std]

@@ -1,0 +1,96 @@
+"""Bad input found by a new user's first hour (issue 36) is refused before any work, naming the argument.
+
+Each case: the error type, the argument's name and what was expected (and the fix, where one exists),
+and nothing changed by the refused call.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from fedrl_algos import MFPO, PerFedAvgPG
+from fedrl_algos.cli import main
+from fedrl_wrappers import FederatedVecEnv
+
+GRID = "fedrl/GridWorld-v0"
+
+
+@pytest.mark.parametrize("seed", [2**63, -1])
+def test_a_seed_out_of_int64_range_is_refused(seed):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*63\)"):
+        PerFedAvgPG("TabularPolicy", GRID, seed=seed, device="cpu")
+    assert PerFedAvgPG("TabularPolicy", GRID, seed=2**63 - 1, device="cpu").seed == 2**63 - 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_loading_onto_a_missing_device_is_refused(tmp_path):
+    PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu").save(tmp_path / "m.zip")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        PerFedAvgPG.load(tmp_path / "m.zip", device="cuda")
+
+
+def test_a_bad_callback_is_refused_before_a_round_runs():
+    model = PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu")
+    theta, steps = model.theta.clone(), model.num_timesteps
+    for bad, match in ((42, "callback must be an SB3 BaseCallback"), ([lambda _l, _g: True], "BaseCallback objects only")):
+        with pytest.raises(TypeError, match=match):
+            model.learn(total_rounds=1, callback=bad)
+    assert torch.equal(model.theta, theta) and model.num_timesteps == steps and model.rounds_done == 0
+    model.learn(total_rounds=1, callback=lambda _locals, _globals: True)  # a function alone is one (SB3's ConvertCallback)
+    assert model.rounds_done == 1
+
+
+def test_predict_refuses_non_finite_observations():
+    model = MFPO("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu")
+    with pytest.raises(ValueError, match="observation must be finite"):
+        model.predict(np.array([np.nan, 0.0, 0.0, 0.0], dtype=np.float32))
+    with pytest.raises(ValueError, match="observation must be finite"):
+        model.predict(torch.tensor([[0.0, np.inf, 0.0, 0.0]]))
+    action, _ = model.predict(np.zeros(4, dtype=np.float32))
+    assert action in (0, 1)
+
+
+@pytest.mark.parametrize("net_arch", ["big", [64, 0], [32.5], (True,)])
+def test_net_arch_is_named_with_what_it_expects(net_arch):
+    with pytest.raises(ValueError, match=r"net_arch must be a list of hidden layer sizes \(positive ints"):
+        MFPO("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", policy_kwargs={"net_arch": net_arch})
+
+
+def test_module_colon_env_ids_are_taken_as_gym_make_takes_them():
+    model = MFPO("MlpPolicy", "gymnasium.envs.classic_control:CartPole-v1", n_agents=2, seed=0, device="cpu", eval_trajectories=0)
+    assert model.env_id == "CartPole-v1"
+    assert FederatedVecEnv("gymnasium.envs.classic_control:Pendulum-v1", 1, agent_kwargs=[{}]).env_id == "Pendulum-v1"
+    with pytest.raises(ValueError, match="its module 'no_such_module' cannot be imported"):
+        MFPO("MlpPolicy", "no_such_module:Env-v0", n_agents=2, device="cpu")
+
+
+class _DictObs(gym.Env):
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,))})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return {"x": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        return {"x": np.zeros(2, np.float32)}, 0.0, False, False, {}
+
+
+def test_a_dict_observation_space_points_to_flatten_observation():
+    if "fedrl_test/DictObs-v0" not in gym.registry:
+        gym.register("fedrl_test/DictObs-v0", entry_point=_DictObs, max_episode_steps=5)
+    with pytest.raises(TypeError, match="FlattenObservation"):
+        FederatedVecEnv("fedrl_test/DictObs-v0", 1, agent_kwargs=[{}])
+    flat = FederatedVecEnv("fedrl_test/DictObs-v0", 1, agent_kwargs=[{"wrappers": [gym.wrappers.FlattenObservation]}])
+    assert flat.single_observation_space.shape == (2,)  # the fix the message names works
+
+
+def test_the_flower_command_reports_bad_input_without_a_traceback(tmp_path, capsys):
+    pytest.importorskip("flwr")
+    with pytest.raises(SystemExit, match="fedrl flower simulate: error: env must be a registered fedrl family or Gymnasium id"):
+        main(["flower", "simulate", "--algo", "mfpo", "--env", "Foo-v0", "--rounds", "1"])
+    with pytest.raises(SystemExit, match="fedrl flower simulate: error: .*no model file"):
+        main(["flower", "simulate", "--model", str(tmp_path / "missing.zip"), "--rounds", "1"])
