@@ -186,6 +186,34 @@ def _state(model) -> dict[str, torch.Tensor]:
 NAMES = ["per_fedavg_pg", "fedavg_pg", "independent_pg", "mfpo", "fedpg_br"]
 
 
+def _checkpoints(folder: Path) -> list[Path]:
+    """The checkpoints a child left, oldest first."""
+    return sorted(folder.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[1]))
+
+
+def _killed_and_resumed(name: str, folder: Path, more_rounds: int, load_every_checkpoint: bool = False):
+    """A child trains ``name`` until SIGKILLed; its newest checkpoint, trained ``more_rounds`` more,
+    must equal an uninterrupted run of as many rounds (state by state). Returns both states."""
+    assert _train_until_killed(name, folder) == -signal.SIGKILL
+    checkpoints = _checkpoints(folder)
+    assert len(checkpoints) >= 3
+    cls = type(make(name))
+    with _one_thread():
+        if load_every_checkpoint:
+            for path in checkpoints[:-1]:  # every checkpoint left behind is complete
+                cls.load(path, device="cpu")
+        resumed = cls.load(checkpoints[-1], device="cpu")
+        done = resumed.rounds_done
+        assert done >= 3
+        resumed.learn(total_rounds=more_rounds, reset_num_timesteps=False)
+        reference = make(name).learn(total_rounds=done + more_rounds)
+    got, want = _state(resumed), _state(reference)
+    assert sorted(got) == sorted(want)
+    for key in want:
+        assert torch.equal(got[key], want[key]), key
+    return got, want
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_save_load_continue_equals_an_uninterrupted_run(tmp_path, name):
     # In one process (cheap): the same property for every algorithm, including a save mid-way.
@@ -202,23 +230,7 @@ def test_save_load_continue_equals_an_uninterrupted_run(tmp_path, name):
 # The subprocess kill for the algorithms of issue 15 (the others share the shell and are covered above).
 @pytest.mark.parametrize("name", ["per_fedavg_pg", "mfpo", "fedpg_br"])
 def test_killed_run_resumes_bitwise_from_its_checkpoint(tmp_path, name):
-    status = _train_until_killed(name, tmp_path)
-    assert status == -signal.SIGKILL
-    checkpoints = sorted(tmp_path.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[1]))
-    assert len(checkpoints) >= 3
-    cls = type(make(name))
-    with _one_thread():
-        for path in checkpoints[:-1]:  # every checkpoint left behind is complete
-            cls.load(path, device="cpu")
-        resumed = cls.load(checkpoints[-1], device="cpu")
-        done = resumed.rounds_done
-        assert done >= 3
-        resumed.learn(total_rounds=3, reset_num_timesteps=False)
-        reference = make(name).learn(total_rounds=done + 3)
-    got, want = _state(resumed), _state(reference)
-    assert sorted(got) == sorted(want)
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    got, want = _killed_and_resumed(name, tmp_path, more_rounds=3, load_every_checkpoint=True)
     # Not a vacuous comparison: the run moved, and a resume from the wrong round would differ.
     moved = "agent_theta" if name == "independent_pg" else "theta"  # IndependentPG trains its agents only
     assert not torch.equal(want[moved], _state(make(name))[moved])
@@ -249,19 +261,7 @@ def test_on_a_gymnasium_id_save_load_continue_equals_an_uninterrupted_run(tmp_pa
 def test_on_a_gymnasium_id_a_killed_run_resumes_bitwise(tmp_path, name):
     if "mujoco" in name:
         pytest.importorskip("mujoco")
-    status = _train_until_killed(name, tmp_path)
-    assert status == -signal.SIGKILL
-    checkpoints = sorted(tmp_path.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[1]))
-    cls = type(make(name))
-    with _one_thread():
-        resumed = cls.load(checkpoints[-1], device="cpu")
-        done = resumed.rounds_done
-        assert done >= 3
-        resumed.learn(total_rounds=2, reset_num_timesteps=False)
-        reference = make(name).learn(total_rounds=done + 2)
-    got, want = _state(resumed), _state(reference)
-    for key in want:
-        assert torch.equal(got[key], want[key]), key
+    _killed_and_resumed(name, tmp_path, more_rounds=2)
     for path in tmp_path.iterdir():
         if path.name.startswith(".ckpt_"):
             path.unlink()
@@ -432,9 +432,8 @@ _CHILD_SB3 = textwrap.dedent(
 def test_fedavg_sb3_killed_run_resumes_bitwise(tmp_path, name):
     status = _train_until_killed(name, tmp_path, after_checkpoints=3, child=_CHILD_SB3)
     assert status == -signal.SIGKILL
-    checkpoints = sorted(tmp_path.glob("ckpt_*_steps.zip"), key=lambda p: int(p.stem.split("_")[1]))
     with _one_thread():
-        resumed = _fedavg_sb3_resumed(checkpoints[-1], 2)
+        resumed = _fedavg_sb3_resumed(_checkpoints(tmp_path)[-1], 2)
         done = resumed.rounds_done - 2
         assert done >= 3
         reference = make_fedavg_sb3_on(name).learn(SB3_TOTAL, callback=_StopAfter(done + 2))
