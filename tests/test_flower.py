@@ -395,3 +395,50 @@ def test_flower_fails_loudly():
     plan = {(r, a): "raise" for r in (1, 2) for a in range(8)}
     with pytest.warns(RejectedUpdateWarning), pytest.raises(RuntimeError, match="every one of the 2 Flower rounds was skipped.*injected"):
         simulate(_models()["per_fedavg_pg"](), num_rounds=2, client_mods=[_fault_mod(plan)])
+
+
+_USER_ENV_MODULE = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Drift(gym.Env):
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, drift=0.0):
+        self.drift, self.x = drift, 0.0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x = float(self.np_random.uniform(-1, 1))
+        return np.array([self.x], np.float32), {}
+
+    def step(self, action):
+        self.x += (int(action) - 0.5) * 0.2 + self.drift
+        return np.array([self.x], np.float32), -abs(self.x), abs(self.x) > 3, False, {}
+
+
+gym.register("fedrl_user/Drift-v0", entry_point=Drift, max_episode_steps=12)
+'''
+
+
+def test_a_users_own_env_reaches_the_clientapps_through_env_modules(tmp_path, monkeypatch):
+    # Registered by a module of the user's: the ClientApps (other processes) import it when told to.
+    (tmp_path / "fedrl_user_envs.py").write_text(_USER_ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fedrl_user_envs  # noqa: F401  (the user's script registers its env)
+
+    def make():
+        return IndependentPG("MlpPolicy", "fedrl_user/Drift-v0", agent_kwargs=[{"drift": 0.0}, {"drift": 0.05}], n_trajectories=3,
+                             seed=0, device="cpu", eval_trajectories=0)
+
+    reference = make().learn(total_rounds=2)
+    with pytest.warns(RejectedUpdateWarning), pytest.raises(RuntimeError, match="not a registered Gymnasium environment"):
+        simulate(make(), num_rounds=1)  # without env_modules: every client fails, and the run says why
+    trained = simulate(make(), num_rounds=2, env_modules=["fedrl_user_envs"])
+    assert trained.rounds_done == 2
+    # Trained on the clients: one round step for step as in one process (float sums may be
+    # reordered by the thread counts of the two processes, so to float32 rounding).
+    torch.testing.assert_close(trained.agent_theta, reference.agent_theta, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(trained.agent_theta, make().agent_theta)

@@ -49,6 +49,9 @@ def _user_errors(command: Any) -> Any:
 
 
 def _model_from_args(args: argparse.Namespace) -> Any:
+    from fedrl_algos.flower.task import import_env_modules
+
+    import_env_modules(args.env_module)  # the user's registrations, before --env is looked up
     if args.model is not None:
         from fedrl_algos.flower import load_model
 
@@ -68,7 +71,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     stats: list[dict[str, Any]] = []
     model = simulate(model, args.rounds, round_timeout=args.round_timeout, min_train_nodes=args.min_train_nodes,
                      checkpoint_path=args.checkpoint, eval_trajectories=args.eval_trajectories, progress_bar=not args.no_progress,
-                     round_stats=stats)
+                     round_stats=stats, env_modules=args.env_module)
     for s in stats:
         failures = "; ".join(f"agent {a}: {why}" for a, why in sorted(s["failures"].items())) or "none"
         print(f"round {s['round']}: {s['replies']} replies, {'skipped' if s['skipped'] else 'aggregated'}, "
@@ -87,7 +90,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
         model = _model_from_args(argparse.Namespace(**{**vars(args), "model": None}))
         model.save(model_path)
     directory = write_app(args.directory, model_path, num_rounds=args.rounds, output_path=args.out, checkpoint_path=args.checkpoint,
-                          round_timeout=args.round_timeout, min_train_nodes=args.min_train_nodes or 1)
+                          round_timeout=args.round_timeout, min_train_nodes=args.min_train_nodes or 1, env_modules=args.env_module)
     n = _n_agents(model_path)
     print(f"wrote the Flower App {directory} (model {model_path.resolve()}, {n} agents, {args.rounds} rounds)")
     print("run it on a local deployment (insecure mode, for a local try only; docs/flower.md has the TLS set-up):")
@@ -128,6 +131,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--env", default="fedrl/GridWorld-v0", help="with --algo: a fedrl task family id (default fedrl/GridWorld-v0)")
     p.add_argument("--policy", default="TabularPolicy", help="with --algo: TabularPolicy or MlpPolicy (default TabularPolicy)")
     p.add_argument("--seed", type=int, default=0, help="with --algo: the seed (default 0)")
+    p.add_argument("--env-module", action="append", default=[], metavar="MODULE",
+                   help="a module that registers an env of your own (gymnasium.register at import); imported here and in every "
+                   "ClientApp (repeatable)")
     p.add_argument("--kwargs", type=_json_object, default={}, help="with --algo: constructor keyword arguments as JSON")
     p.add_argument("--rounds", type=positive_int, default=5, help="communication rounds in total (default 5)")
     p.add_argument("--out", metavar="PATH", help="save the trained model here")

@@ -10,6 +10,7 @@ named in the run config (``model-path``), which every SuperNode must be able to 
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import flwr
@@ -52,6 +53,8 @@ min-train-nodes = {min_train_nodes}
 # Flower's client sampling (Per-FedAvg-PG, FedAvg-PG): this fraction of the agents per round (0.0: the model's agents_per_round)
 fraction-train = 0.0
 node-timeout = {node_timeout}
+# modules that register environments of your own (comma-separated; imported by every ClientApp and the ServerApp)
+env-modules = "{env_modules}"
 '''
 
 APP_FILES: dict[str, str] = {
@@ -71,6 +74,7 @@ def write_app(
     round_timeout: float = 600.0,
     min_train_nodes: int = 1,
     node_timeout: float = 120.0,
+    env_modules: Sequence[str] = (),
 ) -> pathlib.Path:
     """Write a Flower App directory that trains the model file ``model_path`` (``flwr run DIR``).
 
@@ -82,6 +86,7 @@ def write_app(
     :param round_timeout: seconds the server waits for a round's replies
     :param min_train_nodes: valid replies a round needs
     :param node_timeout: seconds the server waits for the SuperNodes
+    :param env_modules: modules that register the user's environments (run config ``env-modules``)
     :return: the directory
     """
     if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
@@ -98,7 +103,7 @@ def write_app(
     pyproject = _PYPROJECT.format(
         flwr_version=flwr.__version__, model_path=text(model_path), num_rounds=int(num_rounds), output_path=text(output_path),
         checkpoint_path=text(checkpoint_path), round_timeout=float(round_timeout), min_train_nodes=int(min_train_nodes),
-        node_timeout=float(node_timeout),
+        node_timeout=float(node_timeout), env_modules=",".join(env_modules),
     )
     (directory / "pyproject.toml").write_text(pyproject)
     for name, content in APP_FILES.items():

@@ -23,7 +23,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from fedrl_algos.common.round_protocol import protocol_for
-from fedrl_algos.flower.task import agent_worker
+from fedrl_algos.flower.task import agent_worker, import_env_modules
 
 __all__ = ["app", "make_client_app", "agent_of", "STATE_KEY"]
 
@@ -61,6 +61,7 @@ def _save_state(context: Context, state: dict[str, Any]) -> None:
 
 def make_client_app(
     source: bytes | str | pathlib.Path | ModelSource, mods: Sequence[Callable] | None = None, algorithm: type | None = None,
+    env_modules: Sequence[str] | None = None,
 ) -> ClientApp:
     """A ClientApp for the model in ``source``.
 
@@ -69,8 +70,16 @@ def make_client_app(
     :param algorithm: the model's class (default: the class that saved the file, among those defined
         in the client's process); :func:`~fedrl_algos.flower.simulate` passes it, so that a class
         defined in the caller's script or test travels to the simulation's workers with the app
+    :param env_modules: modules that register the user's environments, imported before the model
+        is loaded (and the run config's ``env-modules``, comma-separated, in a deployment)
     """
     resolve: ModelSource = source if callable(source) else (lambda context: source)
+
+    def worker_of(context: Context) -> Any:
+        import_env_modules(env_modules)
+        import_env_modules([m for m in str(context.run_config.get("env-modules", "")).split(",") if m])
+        return agent_worker(resolve(context), agent_of(context), algorithm)
+
     app = ClientApp(mods=list(mods or []))
 
     @app.query()
@@ -81,7 +90,7 @@ def make_client_app(
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         """The agent's side of one round."""
-        worker = agent_worker(resolve(context), agent_of(context), algorithm)
+        worker = worker_of(context)
         protocol = protocol_for(worker.model)
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         state = _load_state(context)
@@ -93,7 +102,7 @@ def make_client_app(
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         """Monte Carlo discounted return of the server's θ on this agent's task (evaluation streams)."""
-        worker = agent_worker(resolve(context), agent_of(context), algorithm)
+        worker = worker_of(context)
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         theta = torch.as_tensor(msg.content["arrays"]["theta"].numpy()).reshape(1, -1)
         n = int(config.get("num-trajectories", 32))

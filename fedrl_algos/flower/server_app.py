@@ -28,7 +28,7 @@ from flwr.serverapp.strategy import Strategy
 from stable_baselines3.common.callbacks import BaseCallback
 
 from fedrl_algos.common.round_protocol import AgentReply, RoundProtocol, RoundReplies, protocol_for
-from fedrl_algos.flower.task import load_model
+from fedrl_algos.flower.task import import_env_modules, load_model
 
 __all__ = [
     "FederationStrategy",
@@ -361,6 +361,7 @@ def main(grid: Grid, context: Context) -> None:
     model_path = _run_config_value(context, "model-path")
     if not model_path:
         raise ValueError("run config must set model-path (the fedrl model file the federation trains)")
+    import_env_modules([m for m in str(_run_config_value(context, "env-modules", "")).split(",") if m])
     model = load_model(model_path)
     output = _run_config_value(context, "output-path") or str(pathlib.Path(model_path).with_suffix("")) + "-flower.zip"
     model = run_federation(

@@ -15,7 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedrl_algos.common.round_protocol import AgentWorker, protocol_for
 from fedrl_algos.flower.client_app import make_client_app
 from fedrl_algos.flower.server_app import _check_count, run_federation
-from fedrl_algos.flower.task import load_model, model_to_bytes
+from fedrl_algos.flower.task import import_env_modules, load_model, model_to_bytes
 
 __all__ = ["simulate", "default_backend_config"]
 
@@ -48,6 +48,7 @@ def simulate(
     round_stats: list[dict[str, Any]] | None = None,
     strategy_kwargs: dict[str, Any] | None = None,
     fraction_train: float | None = None,
+    env_modules: Sequence[str] | None = None,
 ) -> Any:
     """Train ``model`` for ``num_rounds`` rounds through Flower's simulation engine and return it.
 
@@ -80,6 +81,9 @@ def simulate(
         ``num_malicious_nodes``; see :class:`~fedrl_algos.flower.FederationStrategy`)
     :param fraction_train: Flower's client sampling: ``max(int(fraction_train · n), min_train_nodes)``
         agents per round (sets the model's ``agents_per_round``; see :func:`~fedrl_algos.flower.run_federation`)
+    :param env_modules: modules that register environments of the user's own (``gymnasium.register``
+        at import): every ClientApp imports them, as the caller's script did, before it builds its
+        agent (they must be importable there: the same ``PYTHONPATH``)
     :return: the trained model
     """
     from flwr.simulation import run_simulation
@@ -94,6 +98,7 @@ def simulate(
         raise ValueError(f"num_supernodes must equal the model's agents (one agent per SuperNode): {n_agents}, got {num_supernodes}")
     if backend_config is not None and not isinstance(backend_config, dict):
         raise TypeError(f"backend_config must be a dict, got {type(backend_config).__name__}")
+    import_env_modules(env_modules)
     model_bytes = model_to_bytes(model)
     # What every ClientApp does first, done here before Ray starts: a model the clients cannot load,
     # or an agent they cannot build (an option Flower does not support), fails now with its reason
@@ -114,7 +119,7 @@ def simulate(
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
 
-    client = make_client_app(model_bytes, mods=client_mods, algorithm=type(model))
+    client = make_client_app(model_bytes, mods=client_mods, algorithm=type(model), env_modules=list(env_modules or []))
     config = copy.deepcopy(backend_config) if backend_config is not None else default_backend_config()
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level

@@ -9,18 +9,20 @@ never runs code from the file.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import io
 import json
 import pathlib
 import zipfile
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.model_file import MARKER, ModelFileError, class_path, find_loaded_subclass
 from fedrl_algos.common.round_protocol import AgentWorker
 
-__all__ = ["algorithm_classes", "model_to_bytes", "load_model", "agent_worker"]
+__all__ = ["algorithm_classes", "model_to_bytes", "load_model", "agent_worker", "import_env_modules"]
 
 #: workers kept per client process (one per (model, agent) pair it has served)
 _WORKER_CACHE_SIZE = 64
@@ -39,6 +41,23 @@ def algorithm_classes() -> dict[str, type]:
             found[class_path(cls)] = cls
         todo.extend(cls.__subclasses__())
     return dict(sorted(found.items()))
+
+
+def import_env_modules(modules: Sequence[str] | None) -> None:
+    """Import the modules that register a user's environments (``gymnasium.register`` at import), as
+    the user's script did: a ClientApp runs in another process, which has not.
+
+    :param modules: importable module names
+    :raise ValueError: naming a module that cannot be imported
+    """
+    for name in modules or ():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"env_modules must be module names (str), got {name!r}")
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(f"env_modules: {name!r} cannot be imported here ({err}); it must be importable where the "
+                             "ClientApps run (on their PYTHONPATH)") from None
 
 
 def model_to_bytes(model: Any) -> bytes:
