@@ -442,3 +442,27 @@ def test_a_users_own_env_reaches_the_clientapps_through_env_modules(tmp_path, mo
     # reordered by the thread counts of the two processes, so to float32 rounding).
     torch.testing.assert_close(trained.agent_theta, reference.agent_theta, rtol=1e-5, atol=1e-6)
     assert not torch.equal(trained.agent_theta, make().agent_theta)
+
+
+def test_the_docs_deployment_example_runs_as_written(tmp_path, monkeypatch):
+    # docs/flower.md's own text, run in a fresh directory with its relative paths.
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "flower.md").read_text()
+    (code,) = re.findall(r"```python\n(from fedrl_algos\.flower\.app_dir import write_app\n.*?)```", text, flags=re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+
+    def make():
+        return PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu", local_steps=1, agent_kwargs=[{"goal": (0, 0)}, {"goal": (4, 4)}])
+
+    exec(compile(code, "docs/flower.md", "exec"), {"model": make()})  # noqa: S102  (the page's example)
+    trained = PerFedAvgPG.load(tmp_path / "trained.zip", device="cpu")
+    assert trained.rounds_done == 2 and torch.equal(trained.theta, make().learn(total_rounds=2).theta)
+    assert (tmp_path / "deployment" / "logs" / "superlink.log").exists()
+
+
+def test_a_failed_deployment_run_raises(tmp_path):
+    with LocalDeployment(tmp_path / "deployment", n_supernodes=1, secure=False) as deployment:
+        with pytest.raises(RuntimeError, match="failed"):
+            deployment.run(tmp_path / "no_app_here", timeout=60)

@@ -127,7 +127,9 @@ class LocalDeployment:
             raise ValueError(f"n_supernodes must be an int >= 1, got {n_supernodes!r}")
         if unregistered_supernodes and not secure:
             raise ValueError("unregistered_supernodes needs secure=True (without authentication every SuperNode is admitted)")
-        self.workdir = pathlib.Path(workdir)
+        # Absolute: the processes run in the work directory, and every path handed to them (the
+        # certificates, keys, the app) must mean the same there as here.
+        self.workdir = pathlib.Path(workdir).resolve()
         self.n_supernodes = n_supernodes
         self.secure = bool(secure)
         self.unregistered = int(unregistered_supernodes)
@@ -144,8 +146,12 @@ class LocalDeployment:
         return f"127.0.0.1:{self.port}"
 
     def environment(self) -> dict[str, str]:
-        """The environment of the Flower processes and CLI calls (``FLWR_HOME`` in the work directory)."""
-        return {**os.environ, "FLWR_HOME": str(self.home), "PYTHONUNBUFFERED": "1"}
+        """The environment of the Flower processes and CLI calls: ``FLWR_HOME`` in the work directory,
+        and the running interpreter's scripts first on ``PATH`` (the SuperLink starts
+        ``flower-superexec`` by name, which an interpreter's virtualenv that is not activated lacks)."""
+        scripts = str(pathlib.Path(sys.executable).parent)
+        path = os.pathsep.join([scripts, os.environ.get("PATH", "")]) if os.environ.get("PATH") else scripts
+        return {**os.environ, "FLWR_HOME": str(self.home), "PYTHONUNBUFFERED": "1", "PATH": path}
 
     def _start(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process in stop()
@@ -214,15 +220,21 @@ class LocalDeployment:
     def run(self, app_dir: str | pathlib.Path, run_config: dict[str, Any] | None = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
         """``flwr run APP_DIR local-deployment --stream`` (waits for the run to end).
 
-        :param app_dir: a Flower App directory (``fedrl flower app``)
+        :param app_dir: a Flower App directory (``fedrl flower app``), relative to the caller's
+            working directory or absolute
         :param run_config: run config overrides (``{"num-rounds": 3}``)
         :param timeout: seconds before the run is abandoned
+        :return: the finished ``flwr run`` (its output in ``stdout``)
+        :raise RuntimeError: when the run fails, with the end of its output
         """
-        args = ["run", str(app_dir), "local-deployment", "--stream"]
+        args = ["run", str(pathlib.Path(app_dir).resolve()), "local-deployment", "--stream"]
         for key, value in (run_config or {}).items():
             text = f'"{value}"' if isinstance(value, str | pathlib.Path) else str(value).lower() if isinstance(value, bool) else str(value)
             args += ["--run-config", f"{key}={text}"]
-        return self.flwr(*args, timeout=timeout)
+        done = self.flwr(*args, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr run {app_dir} failed (exit code {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        return done
 
     def stop(self) -> None:
         """Terminate every process this deployment started (their whole process groups)."""
