@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from fedrl_envs.params import derived
+
 __all__ = ["CAPTURE", "check_capture", "resolve_capture", "ChunkRunner"]
 
 #: the ``capture=`` choices: ``"auto"`` (captured on CUDA, eager elsewhere), ``True``, ``False``
@@ -68,12 +70,16 @@ class ChunkRunner:
 
     def run(self, carry: tuple[torch.Tensor, ...], inputs: tuple[Any, ...], length: int) -> tuple[tuple[torch.Tensor, ...], Records]:
         """``length`` steps from ``carry``: the carry after them and each step's records."""
-        if carry[0].device.type == "cuda":
-            key = (length, *((tuple(x.shape), x.dtype) for x in (*carry, *_tensors(inputs))))
-            graph = self._graphs.get(key)
-            if graph is None:
-                graph = self._graphs[key] = _ChunkGraph(self.compiled, self.n_carry, carry, inputs, length)
-            return graph.run(carry, inputs)
+        device = carry[0].device
+        if device.type == "cuda":
+            # A graph bakes in its device, the shapes and the dataclasses' non-tensor fields (a
+            # gridworld's size): any of them new, a new graph.
+            key = (length, device, _statics(inputs), *((tuple(x.shape), x.dtype) for x in (*carry, *_tensors(inputs))))
+            with torch.cuda.device(device), torch.no_grad():
+                graph = self._graphs.get(key)
+                if graph is None:
+                    graph = self._graphs[key] = _ChunkGraph(self.compiled, self.n_carry, carry, inputs, length)
+                return graph.run(carry, inputs)
         records: Records = []
         for _ in range(length):
             out = self.compiled(*carry, *inputs)
@@ -88,6 +94,7 @@ class _ChunkGraph:
     def __init__(self, step: Any, n_carry: int, carry: tuple[torch.Tensor, ...], inputs: tuple[Any, ...], length: int) -> None:
         self.carry_in = tuple(x.clone() for x in carry)
         self.inputs_in = tuple(_static_copy(x) for x in inputs)
+        _tensors(self.inputs_in)  # the derived quantities exist before the warm-up: inputs, refreshed by run()
 
         def steps() -> tuple[tuple[torch.Tensor, ...], Records]:
             c, records = self.carry_in, []
@@ -97,12 +104,19 @@ class _ChunkGraph:
                 records.append(tuple(out[n_carry:]))
             return c, records
 
-        # Warm-up on a side stream (compilation, lazy allocations), then the recording.
+        # Warm-up on a side stream (compilation, lazy allocations), then the recording. The second
+        # warm-up pass turns host synchronizations into errors, so that a step that cannot be
+        # captured (a .item(), a host copy) fails here, with its own message, not inside the capture.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
+            steps()
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
                 steps()
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -116,17 +130,34 @@ class _ChunkGraph:
         return tuple(x.clone() for x in self.carry_out), [tuple(x.clone() for x in r) for r in self.records_out]
 
 
+def _derived_names(cls: type) -> list[str]:
+    """The :class:`~fedrl_envs.params.derived` quantities of a parameter dataclass, in a fixed order."""
+    return [name for klass in reversed(cls.__mro__) for name, attr in vars(klass).items() if isinstance(attr, derived)]
+
+
 def _tensors(inputs: tuple[Any, ...]) -> list[torch.Tensor]:
-    """The tensors of ``inputs``: tensors, and the tensor fields of dataclasses, in order."""
+    """The tensors of ``inputs``: tensors, and the tensor fields and derived quantities of
+    dataclasses (computing and keeping those), in order. A derived quantity is cached on its object,
+    so a compiled step reads it as an input: a CUDA graph must get each new object's, not keep the
+    first's."""
     out: list[torch.Tensor] = []
     for x in inputs:
         if isinstance(x, torch.Tensor):
             out.append(x)
         elif dataclasses.is_dataclass(x):
-            out.extend(v for v in (getattr(x, f.name) for f in dataclasses.fields(x)) if isinstance(v, torch.Tensor))
+            names = [f.name for f in dataclasses.fields(x)] + _derived_names(type(x))
+            out.extend(v for v in (getattr(x, n) for n in names) if isinstance(v, torch.Tensor))
         else:
             raise TypeError(f"inputs must be tensors or dataclasses of tensors, got {type(x).__name__}")
     return out
+
+
+def _statics(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The non-tensor fields of the dataclasses among ``inputs`` (constants of a compiled step)."""
+    return tuple(
+        (type(x), tuple((f.name, getattr(x, f.name)) for f in dataclasses.fields(x) if not isinstance(getattr(x, f.name), torch.Tensor)))
+        for x in inputs if dataclasses.is_dataclass(x)
+    )
 
 
 def _static_copy(x: Any) -> Any:

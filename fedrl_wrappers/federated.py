@@ -430,7 +430,10 @@ class FederatedVecEnv(VectorEnv, ABC):
             compiled as one program, chunks of steps replayed as CUDA graphs): ``"auto"`` (default) on
             CUDA, ``True``, ``False``. It applies to a native family with ``autoreset=True`` and torch
             arrays; ``policy_fn`` must then be traceable by ``torch.compile`` without a graph break
-            (else the eager loop runs, after a warning). Actions are checked once per chunk
+            (else the eager loop runs, after a warning). Actions are checked once per chunk. The
+            compiled program is kept for this ``policy_fn`` object: what it closes over (a Python
+            number, a module's mode, a module swapped for another) is read when it is compiled, so
+            pass a new function when that changes; tensors updated in place are read at every call
         :return: :class:`EnvRollout` with axes ``[agent, env, time, ...]``
         """
         check_capture(capture)
@@ -592,13 +595,18 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
         if cached is not None and cached[0] is policy_fn and cached[1] is self.params:
             return cached[2]
         n_agents, n_envs, act_shape = self.n_agents, self.n_envs, tuple(self.single_action_space.shape or ())
+        space = self.single_action_space
+        bounds = (int(space.start), int(space.start + space.n - 1)) if isinstance(space, gym.spaces.Discrete) else None
 
         def step(state: torch.Tensor, t: torch.Tensor, counters: torch.Tensor, obs: torch.Tensor, row_agent: torch.Tensor,
                  bases: torch.Tensor) -> tuple[torch.Tensor, ...]:
             action = policy_fn(obs.reshape(n_agents, n_envs, *obs.shape[1:]))
             action = action.reshape(n_agents * n_envs, *act_shape)
+            # The actions are checked after their chunk: until then an out-of-range index must not
+            # reach a kernel's table (on CUDA a device-side assert would end the process's context).
+            safe = action if bounds is None else action.clamp(*bounds)
             next_state, t, counters, next_obs, reward, terminated, truncated = self.functional_autoreset_step(
-                state, t, counters, action, row_agent, bases)
+                state, t, counters, safe, row_agent, bases)
             return next_state, t, counters, next_obs, obs, action, reward, terminated, truncated
 
         # ``_capture_backend``: "inductor"; the tests set "aot_eager" (eager's operations, bitwise)
@@ -615,6 +623,7 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
         carry: tuple[torch.Tensor, ...] = (self.state, self._t, self.streams.counters, obs)
         row_agent, bases = self._reset_word_bases()
         records: list[tuple[torch.Tensor, ...]] = []
+        invalid: ValueError | None = None
         try:
             with warnings.catch_warnings():
                 # The families' constant tables come from lru_cache'd builders of their device alone.
@@ -623,16 +632,20 @@ class NativeFederatedVecEnv(FederatedVecEnv, FamilyVectorEnv, VectorEnv):
                 for start in range(0, n_steps, _CAPTURE_CHUNK):
                     carry, chunk = runner.run(carry, (row_agent, bases), min(_CAPTURE_CHUNK, n_steps - start))
                     # One check per chunk (eager checks every step): the chunk's actions, before they are returned.
-                    self.family.validate_action(torch.cat([r[1] for r in chunk]), repeat_params(self.params, len(chunk)))
+                    try:
+                        self.family.validate_action(torch.cat([r[1] for r in chunk]), repeat_params(self.params, len(chunk)))
+                    except ValueError as err:
+                        invalid = err
+                        break
                     records.extend(chunk)
-        except ValueError:
-            self.restore_snapshot(before)
-            raise
         except Exception as err:  # noqa: BLE001  (any compiler failure: the eager loop runs instead)
             self.restore_snapshot(before)
             warnings.warn(f"rollout(capture=...): policy_fn could not be captured ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}); the eager loop runs instead", stacklevel=3)
             return None
+        if invalid is not None:
+            self.restore_snapshot(before)  # a refused rollout leaves the environments as they were
+            raise invalid
         state, t, counters, last_obs = carry
         self.set_state(state, t)
         self.streams.counters = counters

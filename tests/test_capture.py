@@ -192,6 +192,11 @@ def test_the_envs_captured_rollout_checks_actions_and_falls_back(one_thread):
     with pytest.raises(ValueError, match="action"):  # checked once per chunk, as eager checks every step
         env.rollout(lambda obs: torch.full((*obs.shape[:2], 2), float("nan")), n_steps=5, capture=True)
     env = _env("fedrl/GridWorld-v0")
+    env.reset()
+    before = env.snapshot()
+    with pytest.raises(ValueError, match="action"):  # out of range: clamped for the kernel, then refused
+        env.rollout(lambda obs: torch.full(obs.shape[:2], 9, dtype=torch.long), n_steps=5, capture=True)
+    assert env.snapshot() == before  # a refused rollout leaves the environments as they were
 
     def untraceable(obs):
         if float(obs.float().sum()) > 1e30:
@@ -222,3 +227,20 @@ def test_many_policies_and_partial_participation_never_exhaust_recompilation(one
     assert not [w for w in seen if "could not be captured" in str(w.message)]
     eager = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", local_steps=1, agents_per_round=3, seed=0, device="cpu").learn(total_rounds=10)
     torch.testing.assert_close(model.theta, eager.theta, rtol=1e-5, atol=1e-6)
+
+
+def test_a_graph_is_keyed_and_fed_by_everything_a_step_reads_of_its_parameters():
+    # A CUDA graph copies its inputs' tensors into static buffers before each replay: the derived
+    # quantities a family caches on its parameter object (CartPole's total mass) are among them, and
+    # the non-tensor fields (a gridworld's size) key the graph.
+    from fedrl_envs.capture import _statics, _tensors
+
+    cartpole = get_family("fedrl/CartPole-v0")
+    a, b = (stack_params([cartpole.make_params(length=x)]) for x in (0.5, 0.9))
+    fields = [f for f in vars(a) if isinstance(getattr(a, f), torch.Tensor)]
+    tensors_a, tensors_b = _tensors((a,)), _tensors((b,))
+    assert len(tensors_a) > len(fields)  # the derived quantities too
+    assert any(not torch.equal(x, y) for x, y in zip(tensors_a[len(fields):], tensors_b[len(fields):], strict=True))
+    grid = get_family("fedrl/GridWorld-v0")
+    small, large = (stack_params([grid.make_params(size=n)]) for n in (5, 7))
+    assert _statics((small,)) != _statics((large,)) and _statics((small,)) == _statics((stack_params([grid.make_params(size=5)]),))
