@@ -74,6 +74,8 @@ class CapturedRollout:
         self.chunk = int(chunk)
         self._runners: dict[tuple[Any, ...], ChunkRunner] = {}
         self._rows: dict[tuple[int, int], tuple[Any, Any]] = {}
+        #: set when compiling failed: :func:`captured_rollout` then leaves this pair to the eager rollout
+        self.failed = False
 
     def rows_of(self, params: Any, m: int) -> Any:
         """``params`` repeated ``m`` times (one object per parameter object and ``m``, kept: the
@@ -133,14 +135,15 @@ class CapturedRollout:
             if not stop_when_done:
                 continue
             # Eager stops before step h > 0 once no episode is alive; whole chunks run here, and the
-            # steps eager would not have taken are dropped.
-            for h, (_, _, _, terminated) in enumerate(chunk_records, start):
-                if h > 0 and not bool(alive.any()):
-                    kept = h
-                    break
-                alive = alive & ~terminated
-            if kept == steps and not bool(alive.any()) and start + length < steps:
-                kept = start + length
+            # steps eager would not have taken are dropped. One host read per chunk: whether any
+            # episode is alive after each of its steps.
+            ended = torch.stack([r[3] for r in chunk_records])  # [length, *B, m]
+            alive_after = alive & torch.cumprod(~ended, dim=0).bool()
+            alive = alive_after[-1]
+            some_alive = alive_after.reshape(length, -1).any(-1).tolist()
+            gone = next((j for j, any_alive in enumerate(some_alive) if not any_alive), None)
+            if gone is not None and start + gone + 1 < steps:
+                kept = start + gone + 1  # eager's step after the last one with a live episode does not run
             if kept < steps:
                 # The streams end where the full rollout leaves them: every step draws alike.
                 ran = start + length
@@ -165,14 +168,14 @@ def captured_rollout(family: TaskFamily, params: Any, policy: Any, theta: torch.
     runner = cache.get(key)
     if runner is None or runner.family is not family or runner.policy is not policy:
         runner = cache[key] = CapturedRollout(family, policy, backend)
-    if getattr(runner, "failed", False):
+    if runner.failed:
         return None
     before = streams.counters
     try:
         return runner(params, theta, streams, m, horizon, stop_when_done)
     except Exception as err:  # noqa: BLE001  (any compiler failure: fall back to the eager rollout)
         streams.counters = before  # nothing drawn: the eager rollout draws the same numbers
-        runner.failed = True  # type: ignore[attr-defined]
+        runner.failed = True
         warnings.warn(f"capture: {type(family).__name__} with {type(policy).__name__} could not be captured "
                       f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); the eager rollout runs instead",
                       stacklevel=3)
