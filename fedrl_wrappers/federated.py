@@ -803,6 +803,10 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         self.metadata["autoreset_mode"] = AutoresetMode.SAME_STEP if autoreset else AutoresetMode.DISABLED
         self.render_mode = None
         self._reset_done = False
+        # The actions of the episodes in progress (autoreset: fedrl_wrappers.snapshot), by absolute step
+        self._action_log: list[np.ndarray] = []
+        self._log_base = 0
+        self._episode_start = np.zeros(self.num_envs, dtype=np.int64)
 
     @staticmethod
     def _max_steps(venv: VectorEnv) -> int | None:
@@ -862,6 +866,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         seeds = self._agent_seeds(seed) if seed is not None else [None] * self.n_agents
         results = [venv.reset(seed=s, options=options) for venv, s in zip(self._venvs, seeds, strict=True)]
         self._reset_done = True
+        self._start_logged_episodes(None)
         self._start_episode()
         obs = self._to_tensor([r[0] for r in results])
         return obs, _concat_infos([r[1] for r in results], self.n_envs)
@@ -915,12 +920,16 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         if not self._reset_done:
             raise RuntimeError("call reset() before step()")
         arr = self._as_action_array(actions)  # all checks pass before any agent steps
+        if self.autoreset:
+            self._log_actions(arr)
         per_agent = arr.reshape(self.n_agents, self.n_envs, *arr.shape[1:])
         idle = self._idle_agents()
         results = [
             self._idle_step(i) if idle[i] else venv.step(per_agent[i]) for i, venv in enumerate(self._venvs)
         ]
         self._elapsed += 1
+        if self.autoreset:
+            self._start_logged_episodes(np.concatenate([np.asarray(r[2], bool) | np.asarray(r[3], bool) for r in results]))
         obs = self._to_tensor([r[0] for r in results])
         reward = self._to_tensor([np.asarray(r[1]) for r in results], torch.float32)
         terminated = self._to_tensor([np.asarray(r[2], dtype=bool) for r in results])
@@ -1033,8 +1042,55 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
         would, for environments whose randomness is ``np_random`` (not Atari's emulator)."""
         out = {"backend": "generic", "random_state": self.random_state(), "elapsed": int(self._elapsed)}
         if self.autoreset and self._reset_done:
-            out["episodes"] = [venv.get_attr("episode_record") for venv in self._venvs]
+            log, end = self._action_log, self._log_base + len(self._action_log)
+            dtype = str(log[0].dtype) if log else str(np.dtype(self.single_action_space.dtype or np.float64))
+            episodes = []
+            for agent, venv in enumerate(self._venvs):
+                records = []
+                for j, record in enumerate(venv.get_attr("reset_record")):
+                    row = agent * self.n_envs + j
+                    actions = [log[t - self._log_base][row].tolist() for t in range(int(self._episode_start[row]), end)]
+                    records.append({**record, "actions": actions, "action_dtype": dtype})
+                episodes.append(records)
+            out["episodes"] = episodes
         return out
+
+    def _relog(self, episodes: list[list[dict[str, Any]]]) -> None:
+        """The action log of restored episodes: each row's actions end at the current step."""
+        rows = [record for records in episodes for record in records]
+        length = max((len(r["actions"]) for r in rows), default=0)
+        dtype = np.dtype(rows[0]["action_dtype"]) if rows else np.float64
+        shape = tuple(self.single_action_space.shape or ())
+        log = [np.zeros((self.num_envs, *shape), dtype=dtype) for _ in range(length)]
+        self._episode_start = np.empty(self.num_envs, dtype=np.int64)
+        for row, record in enumerate(rows):
+            k = len(record["actions"])
+            self._episode_start[row] = length - k
+            for t, action in enumerate(record["actions"], length - k):
+                log[t][row] = np.asarray(action, dtype=dtype)
+        self._action_log, self._log_base = log, 0
+
+    def _log_actions(self, actions: np.ndarray) -> None:
+        """Keep a vector step's actions (one copy of the batch) for the snapshots of the episodes in
+        progress, and forget those of episodes that ended."""
+        log = self._action_log
+        log.append(np.array(actions, copy=True))
+        starts = self._episode_start
+        oldest = int(starts.min())
+        if oldest - self._log_base > 64:  # drop what no episode in progress needs, now and then
+            del log[: oldest - self._log_base]
+            self._log_base = oldest
+
+    def _start_logged_episodes(self, done: np.ndarray | None) -> None:
+        """The rows whose episodes ended in the last step (all, after a reset) begin at the next step."""
+        if not self.autoreset:
+            return
+        now = self._log_base + len(self._action_log)
+        if done is None:
+            self._action_log, self._log_base = [], now
+            self._episode_start = np.full(self.num_envs, now, dtype=np.int64)
+        else:
+            self._episode_start[done] = now
 
     def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Continue from what :meth:`snapshot` returned (replaying each sub-environment's episode).
@@ -1053,6 +1109,7 @@ class GenericFederatedVecEnv(FederatedVecEnv, VectorEnv):  # VectorEnv named: se
             for venv, records in zip(self._venvs, episodes, strict=True):
                 venv.set_attr("pending_replay", list(records))
                 venv.call("apply_replay")
+            self._relog(episodes)
         self._start_episode()
         self._elapsed = int(snapshot["elapsed"])
 

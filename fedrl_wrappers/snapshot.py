@@ -63,10 +63,13 @@ def _generator_state(env: gym.Env) -> dict[str, Any] | None:
 
 
 class EpisodeRecorder(gym.Wrapper):
-    """Records what determines the current episode, so that :meth:`replay` can rebuild it.
+    """Records how the current episode began, so that :meth:`replay` can rebuild it.
 
     The outermost wrapper of each sub-environment of an autoresetting generic
-    :class:`~fedrl_wrappers.FederatedVecEnv` (so its steps pass the time limit too).
+    :class:`~fedrl_wrappers.FederatedVecEnv` (so a replay's steps pass the time limit too). It
+    overrides only ``reset`` (an autoreset happens inside the vector env's step, where nothing
+    outside sees the generator before it); the actions since are logged once per vector step by the
+    federated env, not here per sub-environment and step.
 
     :param env: the environment
     """
@@ -75,29 +78,19 @@ class EpisodeRecorder(gym.Wrapper):
         super().__init__(env)
         self._start: dict[str, Any] | None = None
         self._reset_kwargs: dict[str, Any] = {"seed": None, "options": None}
-        self._actions: list[Any] = []
-        self._action_dtype = "float64"
         #: a record waiting for :meth:`apply_replay` (set through the vector env's ``set_attr``)
         self.pending_replay: dict[str, Any] | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         self._start = _generator_state(self.env)
         self._reset_kwargs = {"seed": seed, "options": options}
-        self._actions = []
         return self.env.reset(seed=seed, options=options)
 
-    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        array = np.asarray(action)
-        self._action_dtype = str(array.dtype)
-        self._actions.append(array.tolist())
-        return self.env.step(action)
-
     @property
-    def episode_record(self) -> dict[str, Any]:
-        """The current episode as plain data: the generator before its reset, the reset's arguments,
-        the actions since, and the generator now."""
-        return {"start": self._start, "reset": dict(self._reset_kwargs), "actions": list(self._actions),
-                "action_dtype": self._action_dtype, "now": _generator_state(self.env)}
+    def reset_record(self) -> dict[str, Any]:
+        """How the current episode began, as plain data: the generator before its reset, the reset's
+        arguments, and the generator now (the actions since are the vector env's to add)."""
+        return {"start": self._start, "reset": dict(self._reset_kwargs), "now": _generator_state(self.env)}
 
     def replay(self, record: dict[str, Any]) -> None:
         """Put this (freshly made) environment into the recorded mid-episode state: reset it as the
@@ -110,7 +103,7 @@ class EpisodeRecorder(gym.Wrapper):
         self.reset(**record["reset"])
         dtype = np.dtype(record["action_dtype"])
         for action in record["actions"]:
-            self.step(np.asarray(action, dtype=dtype))
+            self.env.step(np.asarray(action, dtype=dtype))
         if record["now"] is not None:
             unwrapped._np_random = generator_from_state(record["now"])
 

@@ -149,3 +149,24 @@ def test_atari_is_known_not_to_resume_exactly_and_save_says_so(tmp_path, monkeyp
     monkeypatch.setattr(GenericFederatedVecEnv, "exact_random_state", property(lambda self: False))
     with pytest.warns(UserWarning, match="random state of their own"):
         model.save(tmp_path / "m.zip")
+
+
+def test_long_runs_forget_old_actions_and_a_restored_env_snapshots_again():
+    # 150 steps of 5-step episodes: the action log drops what no episode in progress needs; a
+    # restored env's own snapshot (its log rebuilt from the records) restores a third env identically.
+    original, restored, third = (_make(*CASES[0]) for _ in range(3))
+    original.reset()
+    action = np.ones(original.num_envs, dtype=np.int64)
+    for _ in range(150):
+        original.step(action)
+    assert len(original._action_log) < 80
+    restored.restore_snapshot(json.loads(json.dumps(original.snapshot())))
+    for _ in range(3):
+        original.step(action)
+        restored.step(action)
+    third.restore_snapshot(restored.snapshot())
+    for _ in range(7):
+        a, b, c = original.step(action), restored.step(action), third.step(action)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[0], c[0]) and np.array_equal(a[1], c[1])
+    for env in (original, restored, third):
+        env.close()
