@@ -4,7 +4,8 @@ A Gymnasium environment's state is whatever its class holds (a MuJoCo simulation
 user's attributes); there is no API to read or write it. What does determine it, for an environment
 whose only randomness is ``np_random``, is where its episode started and what it was told since:
 its generator state before the episode's ``reset``, that reset's arguments, and the actions of
-every step after. :class:`EpisodeRecorder` keeps exactly that (a few numbers per step), and
+every step after. :class:`EpisodeRecorder` keeps the first two (at each reset), the autoresetting
+:class:`~fedrl_wrappers.FederatedVecEnv` the actions (one copy of each step's batch), and
 :meth:`EpisodeRecorder.replay` puts a freshly made environment into the same mid-episode state by
 resetting and stepping it again. Episodes are bounded by the env's time limit, so is a record.
 
