@@ -149,7 +149,8 @@ def test_callbacks_logger_and_progress_bar(tmp_path):
     assert (tmp_path / "ckpt").exists() and any((tmp_path / "ckpt").iterdir())
     lines = (tmp_path / "log" / "progress.csv").read_text().splitlines()
     header = lines[0].split(",")
-    for key in ("eval/F", "eval/f", "train/round", "train/trajectories_per_agent"):
+    for key in ("eval/exact_return", "eval/exact_adapted_return", "eval/return", "eval/adapted_return", "train/round",
+                "train/trajectories_per_agent"):
         assert key in header
     assert len(lines) == 4
 
@@ -194,7 +195,9 @@ def test_mlp_policy_on_arc_navigation_with_monte_carlo_evaluation():
     assert model.policy.n_params == 360
     model.learn(total_rounds=1)
     metrics = model.evaluate_round()
-    assert set(metrics) == {"pre_adaptation_return", "post_adaptation_return"}
+    n = len(ARC_NAVIGATION.train_tasks)
+    assert set(metrics) == {f"{agent}{prefix}{name}" for agent in ("", *(f"agent_{i}/" for i in range(n)))
+                            for prefix in ("", "adapted_") for name in ("return", "discounted_return")}
     held = model.adapt(ARC_NAVIGATION.heldout_tasks[1], n_trajectories=8)
     action, _ = held.predict(np.zeros(2, dtype=np.float32))
     assert 0 <= int(action) < 8
@@ -325,11 +328,11 @@ def test_neural_model_logs_monte_carlo_returns_by_default(tmp_path):
     from stable_baselines3.common.logger import configure
 
     model = PerFedAvgPG("MlpPolicy", ARC, variant="first_order", local_steps=1, m_in=4, m_out=4, seed=0, device="cpu")
-    assert model.eval_trajectories == 32 and _grid_model().eval_trajectories == 0
+    assert model.eval_trajectories == 32 and _grid_model().eval_trajectories == 32
     model.set_logger(configure(str(tmp_path), ["csv"]))
     model.learn(total_rounds=2)
     header = (tmp_path / "progress.csv").read_text().splitlines()[0].split(",")
-    assert "eval/pre_adaptation_return" in header and "eval/post_adaptation_return" in header
+    assert "eval/return" in header and "eval/adapted_return" in header and "eval/agent_5/adapted_discounted_return" in header
 
 
 def test_learn_stops_on_non_finite_parameters():

@@ -26,6 +26,7 @@ from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import get_device, get_system_info
 
 from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
+from fedrl_algos.common.evaluation import DEFAULT_EVAL_TRAJECTORIES, PER_AGENT_PREFIX
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
 from fedrl_algos.common.round_protocol import RoundProtocol
@@ -77,8 +78,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         any registered Gymnasium id with ``agent_kwargs`` or ``n_agents`` (see
         :func:`~fedrl_algos.common.env_util.resolve_federation_env`)
     :param gamma: discount γ
-    :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation; ``None``:
-        0 for families with an exact model (they log exact values) and 32 otherwise
+    :param eval_trajectories: Monte Carlo rollouts per agent of the logged evaluation
+        (:mod:`fedrl_algos.common.evaluation`; ``None``: 32; 0 turns the Monte Carlo part off).
+        It runs only when the logger has an output, at each log (every ``log_interval`` rounds),
+        on evaluation streams of its own
     :param policy_kwargs: keyword arguments of the policy
     :param tensorboard_log: TensorBoard log directory
     :param seed: seed of every random stream of the run (drawn at random when ``None``)
@@ -104,6 +107,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     #: (:class:`~fedrl_algos.common.round_protocol.RoundProtocol`), which Flower runs; ``None``: it
     #: trains in one process only. Subclasses inherit it; a new algorithm declares its own.
     round_protocol: ClassVar[type[RoundProtocol] | None] = None
+    #: the arguments, and their values, where the algorithm's defaults differ from its paper's
+    #: settings (defaults measured to learn on fedrl's families); ``Algo(policy, env, **Algo.paper_settings)``
+    #: is the paper's algorithm. Empty where the defaults are the paper's (``docs/evaluation.md``)
+    paper_settings: ClassVar[dict[str, Any]] = {}
     #: attributes that files saved by earlier versions carry under an older name (renamed on load):
     #: old name → new name
     saved_attribute_renames: ClassVar[dict[str, str]] = {}
@@ -166,10 +173,11 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         if self.seed is None:
             self.seed = seed_from_entropy()
         self._bind_env(env, agent_kwargs, n_agents)
-        # Families with an exact model log exact values; the others get a Monte Carlo estimate
-        # sized to cost about as much as a round of training (raise it for precise numbers).
+        # One protocol for every federation (common/evaluation.py): a Monte Carlo estimate sized to
+        # cost about as much as a round of training (raise it for precise numbers); tabular
+        # families add their exact values.
         if eval_trajectories is None:
-            eval_trajectories = 0 if self.family is not None and has_exact_model(self.family) else 32
+            eval_trajectories = DEFAULT_EVAL_TRAJECTORIES
         self.eval_trajectories = check_int("eval_trajectories", eval_trajectories, 0)
         self.rounds_done = 0
         self.trajectories_per_agent = 0
@@ -372,7 +380,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.logger.record("server/skipped_round", self.__dict__.get("_round_skipped", 0))
         self.logger.record("train/trajectories_per_agent", self.trajectories_per_agent)
         for key, value in self.evaluate_round().items():
-            self.logger.record(f"eval/{key}", value)
+            # per-agent metrics go to the files (CSV, TensorBoard), not into the stdout table
+            self.logger.record(f"eval/{key}", value, exclude="stdout" if key.startswith(PER_AGENT_PREFIX) else None)
         elapsed = max((time.time_ns() - self.start_time) / 1e9, sys.float_info.epsilon)
         self.logger.record("time/fps", int((self.num_timesteps - self._num_timesteps_at_start) / elapsed))
         self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")

@@ -39,9 +39,10 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     an Adam step along the average local direction (``"adam"``). :func:`~fedrl_algos.fedavg_pg.update.fedavg_pg_round`
     is the update, shared with ``fedrl reproduce mfpo/byzantine``.
 
-    The defaults are the Per-FedAvg-PG paper's baseline: the eq. (2) estimate (GPOMDP without a
-    baseline, i.e. ``Σ_h ∇log π R^h``) from the exact variant's per-step budget of 30 trajectories
-    (m_in = m_h = m_out = 10) and a constant step. The MFPO comparison's FedAvg-PG is
+    The defaults are the Per-FedAvg-PG paper's baseline algorithm — the exact variant's per-step
+    budget of 30 trajectories (m_in = m_h = m_out = 10) and a constant step — with a leave-one-out
+    baseline in the gradient (unbiased, lower variance); ``FedAvgPG(..., **FedAvgPG.paper_settings)``
+    is the paper's eq. (2) estimate (GPOMDP without a baseline, ``Σ_h ∇log π R^h``). The MFPO comparison's FedAvg-PG is
     ``FedAvgPG(..., step_size=ExponentialStepSize(), local_steps=10, n_trajectories=20,
     baseline="loo", gamma=0.99)``. Training does not depend on α; α is used only to evaluate the
     post-adaptation objective F and as :meth:`adapt`'s default step. Docs: ``docs/algorithms/fedavg_pg.md``.
@@ -55,7 +56,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     :param local_steps: local steps per round (τ; the MFPO paper's K)
     :param n_trajectories: trajectories per agent and local step (m; the MFPO paper's D)
     :param estimator: ``"gpomdp"`` (reward-to-go weights) or ``"reinforce"`` (whole-return weights)
-    :param baseline: ``None`` (the paper's eq. (2)), ``"loo"`` (leave-one-out, unbiased) or ``"mean"``
+    :param baseline: ``"loo"`` (default: leave-one-out, unbiased), ``None`` (the paper's eq. (2)) or ``"mean"``
     :param server_optimizer: ``"sgd"`` (the server adopts the average, FedAvg) or ``"adam"``
     :param server_step_size: Adam's step size (``server_optimizer="adam"`` only)
     :param attack: what Byzantine agents do to their local directions: an
@@ -95,6 +96,8 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     300
     """
 
+    #: the Per-FedAvg-PG paper's FedAvg baseline: eq. (2) without a baseline
+    paper_settings: ClassVar[dict[str, Any]] = {"baseline": None}
     round_protocol: ClassVar[type[RoundProtocol] | None] = FedAvgPGProtocol
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
     # Episodes that terminate (CartPole, the MFPO comparison's family) end a batch's rollout early.
@@ -109,7 +112,7 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         local_steps: int = 5,
         n_trajectories: int = 30,
         estimator: str = "gpomdp",
-        baseline: str | None = None,
+        baseline: str | None = "loo",
         server_optimizer: str = "sgd",
         server_step_size: float = 1e-3,
         attack: Attack | str | None = None,
@@ -230,6 +233,6 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         self.policy.theta.data.copy_(new_theta[0])
 
     def evaluate_round(self) -> dict[str, float]:
-        """Exact ``F`` and ``f`` for tabular families; Monte Carlo pre/post-adaptation returns
-        when ``eval_trajectories > 0`` (as :meth:`PerFedAvgPG.evaluate_round`)."""
+        """The server policy's returns before and after one adaptation step of size α, as the
+        common protocol (:func:`~fedrl_algos.common.evaluation.personalization_metrics`)."""
         return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories)

@@ -71,7 +71,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         ``random_reward``, ``fedscspg``, ``huge_spread``, ``tiny_spread``: see :data:`~fedrl_algos.core.attacks.ATTACKS`)
     :param byzantine_agents: indices of the Byzantine agents
     :param gamma: discount γ
-    :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
+    :param eval_trajectories: Monte Carlo rollouts per agent of the logged evaluation (``None``:
+        32; 0: none), the common protocol of :mod:`fedrl_algos.common.evaluation`
     :param policy_kwargs: keyword arguments of the policy
     :param tensorboard_log: TensorBoard log directory
     :param seed: seed of every random stream of the run
@@ -125,7 +126,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         attack: Attack | str | None = None,
         byzantine_agents: Sequence[int] = (),
         gamma: float = 0.99,
-        eval_trajectories: int = 0,
+        eval_trajectories: int | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         tensorboard_log: str | None = None,
         seed: int | None = None,

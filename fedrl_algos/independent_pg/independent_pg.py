@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
+from fedrl_algos.common.evaluation import own_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.directions import PolicyGradient, check_step_size
 from fedrl_algos.independent_pg.protocol import IndependentPGProtocol
@@ -36,8 +37,8 @@ class IndependentPG(FederatedAlgorithm):
     :param n_trajectories: trajectories per policy-gradient step (m)
     :param local_steps: steps per round
     :param gamma: discount γ
-    :param eval_trajectories: Monte Carlo rollouts per agent for ``eval/mc_return`` (default: 0
-        with an exact model, else 32)
+    :param eval_trajectories: Monte Carlo rollouts per agent of the logged evaluation (``None``:
+        32; 0: none), the common protocol of :mod:`fedrl_algos.common.evaluation`
     :param policy_kwargs: policy keyword arguments
     :param tensorboard_log: TensorBoard log directory
     :param seed: seed of every random stream
@@ -127,14 +128,9 @@ class IndependentPG(FederatedAlgorithm):
         self.agent_theta = independent_pg_steps(self.federation, theta, self.estimator, self.step_size, self.local_steps)[0]
 
     def evaluate_round(self) -> dict[str, float]:
-        """Each agent's own return: exact for tabular families, Monte Carlo when ``eval_trajectories > 0``."""
-        out: dict[str, float] = {}
-        if self.evaluator is not None:
-            own = self.evaluator.returns(self.agent_theta.to(torch.float64).cpu())  # [n (theta), n (task)]
-            out["return"] = float(torch.diagonal(own).mean())
-        if self.eval_trajectories > 0:
-            out["mc_return"] = float(self.federation.evaluate(self.agent_theta.unsqueeze(0), self.eval_trajectories).mean())
-        return out
+        """Each agent's own θ_i on its own task, as the common protocol
+        (:func:`~fedrl_algos.common.evaluation.own_policy_metrics`)."""
+        return own_policy_metrics(self, self.agent_theta)
 
     def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False, agent: int | None = None) -> Any:
         """SB3 ``predict``; with ``agent`` it uses that agent's own parameters.

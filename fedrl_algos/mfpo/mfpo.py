@@ -66,8 +66,8 @@ class MFPO(FederatedAlgorithm):
         standard deviation (SB3's ``normalize_advantage``, without centring; default ``False``, the
         paper's estimator); makes the step size independent of the reward scale
     :param gamma: discount γ (paper: 0.99)
-    :param eval_trajectories: Monte Carlo rollouts per agent for the logged evaluation return
-        (0: off; tabular families always log the exact discounted return)
+    :param eval_trajectories: Monte Carlo rollouts per agent of the logged evaluation (``None``:
+        32; 0: none), the common protocol of :mod:`fedrl_algos.common.evaluation`
     :param policy_kwargs: keyword arguments of the policy (paper: ``net_arch=(16, 16)``,
         ``activation="relu"``)
     :param tensorboard_log: TensorBoard log directory
@@ -119,7 +119,7 @@ class MFPO(FederatedAlgorithm):
         self_normalize_weights: bool = False,
         normalize_advantage: bool = False,
         gamma: float = 0.99,
-        eval_trajectories: int = 0,
+        eval_trajectories: int | None = None,
         policy_kwargs: dict[str, Any] | None = None,
         tensorboard_log: str | None = None,
         seed: int | None = None,
@@ -274,7 +274,6 @@ class MFPO(FederatedAlgorithm):
         super()._log_round()
 
     def evaluate_round(self) -> dict[str, float]:
-        """The server policy's average return over agents: exact (discounted) ``exact_return`` for
-        tabular families; Monte Carlo undiscounted ``return`` and ``discounted_return`` when
-        ``eval_trajectories > 0``."""
+        """The server policy's return per agent and averaged, as the common protocol
+        (:func:`~fedrl_algos.common.evaluation.server_policy_metrics`)."""
         return server_policy_metrics(self)
