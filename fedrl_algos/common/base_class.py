@@ -47,13 +47,28 @@ from fedrl_envs.validation import check_device, check_int
 from fedrl_envs.vector import FamilyVectorEnv
 from fedrl_wrappers import FederatedVecEnv
 
-__all__ = ["FederatedAlgorithm", "check_agents_per_round", "check_gamma"]
+__all__ = ["FederatedAlgorithm", "adaptation_keys", "check_agents_per_round", "check_gamma"]
 
 SelfFederatedAlgorithm = TypeVar("SelfFederatedAlgorithm", bound="FederatedAlgorithm")
 
 # Stream index of adaptation calls (kept apart from training and evaluation streams).
 _ADAPT_STREAM = 1 << 42
 _PREDICT_STREAM = 1 << 43
+
+
+def adaptation_keys(seed: int | torch.Tensor, n_tasks: int) -> torch.Tensor:
+    """The stream keys that :meth:`FederatedAlgorithm.adapt` draws from with ``seed=seed``: one per task.
+
+    A batched program that adapts many initializations with these keys (a tensor of seeds, one
+    per run) draws the trajectories that ``model.adapt(tasks, n, seed=s)`` draws for each run.
+
+    :param seed: the adaptation seed, or an int64 tensor of seeds ``[*S]``
+    :param n_tasks: number of tasks adapted together
+    :return: int64 keys ``[*S, n_tasks]``
+    """
+    if isinstance(seed, torch.Tensor):
+        seed = seed.to(torch.int64).unsqueeze(-1)
+    return derive_keys(seed, torch.arange(n_tasks) + _ADAPT_STREAM)
 
 
 def check_gamma(gamma: Any) -> float:
@@ -534,7 +549,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             counter = self.__dict__.get("_adapt_calls", 0)
             self._adapt_calls = counter + 1
             key_seed = seed if seed is not None else combine_seed(self.seed, _ADAPT_STREAM + counter)
-            streams = RandomStreams(derive_keys(key_seed, torch.arange(len(tasks)) + _ADAPT_STREAM), self.device)
+            streams = RandomStreams(adaptation_keys(key_seed, len(tasks)), self.device)
             if self.is_generic:
                 env = self._generic_env(tasks, min(n_trajectories, DEFAULT_ENVS_PER_AGENT), key_seed)
                 try:
