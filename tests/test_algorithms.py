@@ -21,6 +21,10 @@ GRID = "fedrl/GridWorld-v0"
 ARC = "fedrl/ArcNavigation-v0"
 
 
+#: the paper's estimators (eq. (2), (3), (7)) with the tabular column's β, which these tests compare against
+PAPER = {**PerFedAvgPG.paper_settings, "step_size": 0.3}
+
+
 def _grid_model(cls=PerFedAvgPG, **kwargs):
     defaults = dict(step_size=0.3, seed=0, device="cpu")
     if cls is not IndependentPG:
@@ -53,7 +57,7 @@ def test_first_order_is_cheaper_and_counts_timesteps():
 
 
 def test_class_equals_functional_core_and_batched_runs_equal_looped():
-    model = _grid_model(variant="exact", policy_kwargs=dict(dtype=torch.float64)).learn(total_rounds=2)
+    model = _grid_model(variant="exact", policy_kwargs=dict(dtype=torch.float64), **PAPER).learn(total_rounds=2)
     policy = TabularPolicy(GRIDWORLD.observation_space(GRIDWORLD.train_tasks[0]), GRIDWORLD.action_space(GRIDWORLD.train_tasks[0]), dtype=torch.float64)
     params = stack_params(GRIDWORLD.train_tasks)
     estimator = ExactMetaGradient(policy, 0.9, 2.0, 10, 10, 10)
@@ -74,7 +78,7 @@ def test_class_equals_functional_core_and_batched_runs_equal_looped():
 def test_fedavg_with_one_agent_is_plain_policy_gradient():
     task = GRIDWORLD.train_tasks[4]
     model = FedAvgPG("TabularPolicy", GRIDWORLD, step_size=0.5, local_steps=1, n_trajectories=7, seed=3, device="cpu",
-                     policy_kwargs=dict(dtype=torch.float64))
+                     policy_kwargs=dict(dtype=torch.float64), **FedAvgPG.paper_settings)
     model.set_env(_OneTask(task))
     model.learn(total_rounds=1)
     policy = model.policy
