@@ -267,7 +267,9 @@ def test_option_validation_and_persistence(tmp_path):
     model.save(tmp_path / "model.zip")
     loaded = PerFedAvgPG.load(tmp_path / "model.zip", device="cpu")
     assert loaded.curvature == "lvc" and loaded.estimator.curvature_estimator == "lvc"
-    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu").estimator.curvature_estimator == "paper"
+    # the default ("auto") is the causal estimator where there is a curvature term; the paper's by setting
+    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu").estimator.curvature_estimator == "causal"
+    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu", **PerFedAvgPG.paper_settings).estimator.curvature_estimator == "paper"
 
 
 def test_curvature_config_and_cli_parsing():
@@ -329,7 +331,7 @@ def test_outer_baseline_option_validation_and_persistence(tmp_path):
         assert model.estimator.outer_baseline == "loo"
     model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", outer_baseline="loo", seed=4, device="cpu")
     theta = model.learn(total_rounds=2).theta.detach().clone()
-    plain = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", seed=4, device="cpu").learn(total_rounds=2)
+    plain = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature="causal", outer_baseline=None, seed=4, device="cpu").learn(total_rounds=2)
     assert plain.estimator.outer_baseline is None and not torch.equal(theta, plain.theta)
     model.save(tmp_path / "model.zip")
     loaded = PerFedAvgPG.load(tmp_path / "model.zip", device="cpu")
@@ -453,7 +455,8 @@ def test_curvature_clip_option_validation_and_persistence(tmp_path):
     model.save(tmp_path / "model.zip")
     loaded = PerFedAvgPG.load(tmp_path / "model.zip", device="cpu")
     assert loaded.curvature_clip == 0.1 and loaded.estimator.curvature_clip == 0.1
-    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu").estimator.curvature_clip is None
+    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", device="cpu").estimator.curvature_clip == 1.0  # "auto"
+    assert PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", curvature_clip=None, device="cpu").estimator.curvature_clip is None
 
 
 def test_meta_sweep_with_curvature_clip():

@@ -379,8 +379,8 @@ def test_per_fedavg_pg_options_default_persist_and_reproduce():
     from fedrl_algos.per_fedavg_pg import ExactMetaGradient
 
     default = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu")
-    assert default.objective == "paper" and default.adaptation_baseline is None
-    assert type(default.estimator) is ExactMetaGradient and default.estimator.inner_baseline is None
+    assert default.objective == "paper" and default.adaptation_baseline == "loo"
+    assert type(default.estimator) is ExactMetaGradient and default.estimator.inner_baseline == "loo"
 
     def make():
         return PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", alpha=2.0, step_size=0.3, m_in=6, m_out=4, seed=1,
@@ -402,7 +402,7 @@ def test_per_fedavg_pg_options_default_persist_and_reproduce():
     auto = loaded.adapt(3, n_trajectories=20, seed=5).theta
     assert torch.equal(auto, loaded.adapt(3, n_trajectories=20, seed=5, baseline="loo").theta)
     assert not torch.equal(auto, loaded.adapt(3, n_trajectories=20, seed=5, baseline=None).theta)
-    assert torch.equal(default.adapt(3, n_trajectories=20, seed=5).theta, default.adapt(3, n_trajectories=20, seed=5, baseline=None).theta)
+    assert torch.equal(default.adapt(3, n_trajectories=20, seed=5).theta, default.adapt(3, n_trajectories=20, seed=5, baseline="loo").theta)
     with pytest.raises(ValueError, match="baseline"):
         loaded.adapt(3, n_trajectories=20, baseline="gpomdp")
 

@@ -145,7 +145,8 @@ def test_without_momentum_mfpo_is_federated_pg(local_steps):
     kwargs = dict(seed=3, device="cpu", gamma=0.9, policy_kwargs=dict(dtype=torch.float64))
     mfpo = MFPO("TabularPolicy", GRID, step_size=0.4, momentum=0.0, local_steps=local_steps, n_trajectories=8,
                 initial_trajectories=8, baseline=None, **kwargs).learn(total_rounds=3)
-    fedavg = FedAvgPG("TabularPolicy", GRID, step_size=0.4, local_steps=local_steps, n_trajectories=8, **kwargs).learn(total_rounds=3)
+    fedavg = FedAvgPG("TabularPolicy", GRID, step_size=0.4, local_steps=local_steps, n_trajectories=8, baseline=None,
+                      **kwargs).learn(total_rounds=3)
     assert torch.allclose(mfpo.theta, fedavg.theta, atol=1e-12)
     assert mfpo.trajectories_per_agent == fedavg.trajectories_per_agent == 3 * local_steps * 8
     # Momentum changes the result.

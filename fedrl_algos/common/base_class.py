@@ -132,6 +132,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     #: attributes that files saved by earlier versions carry and this class no longer has
     #: (dropped on load; e.g. the dummy ``beta``/``tau``/``alpha`` the old shared base required)
     obsolete_attributes: ClassVar[tuple[str, ...]] = ()
+    #: attributes that files saved by earlier versions may lack, and the value they ran with then
+    #: (the default of that time, where it has since changed): a loaded file continues its own run
+    attributes_of_older_files: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -716,6 +719,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             raise ModelFileError(f"{path}: the saved data lacks {missing}; not a {cls.__name__} file")
         model = cls(policy=data["policy_class"], env=None, device=device, _init_setup_model=False)  # type: ignore[call-arg]
         model.__dict__.update(data)
+        model.__dict__.update({name: value for name, value in cls.attributes_of_older_files.items() if name not in data})
         model.__dict__.update(kwargs)
         model._setup_model()
         try:

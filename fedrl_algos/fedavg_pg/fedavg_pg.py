@@ -98,6 +98,8 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
 
     #: the Per-FedAvg-PG paper's FedAvg baseline: eq. (2) without a baseline
     paper_settings: ClassVar[dict[str, Any]] = {"baseline": None}
+    #: files saved before the ``baseline`` option ran without one
+    attributes_of_older_files: ClassVar[dict[str, Any]] = {"baseline": None}
     round_protocol: ClassVar[type[RoundProtocol] | None] = FedAvgPGProtocol
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
     # Episodes that terminate (CartPole, the MFPO comparison's family) end a batch's rollout early.

@@ -134,6 +134,10 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         "step_size": 0.2, "adaptation_baseline": None, "outer_baseline": None, "curvature": "paper", "curvature_clip": None,
     }
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "tau": "local_steps"}
+    #: files saved before these options existed ran the paper's estimator
+    attributes_of_older_files: ClassVar[dict[str, Any]] = {
+        "adaptation_baseline": None, "outer_baseline": None, "curvature": "paper", "curvature_clip": None,
+    }
 
     def __init__(
         self,
