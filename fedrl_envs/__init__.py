@@ -1,11 +1,18 @@
 """fedrl task families as Gymnasium environments.
 
 Importing this package registers every family under the ``fedrl/`` namespace with both an
-``entry_point`` (single env) and a ``vector_entry_point`` (native batched torch env)::
+``entry_point`` (single env) and a ``vector_entry_point`` (the native batched env, which steps its
+kernels in torch and returns NumPy arrays by default, as Gymnasium's vector envs do; torch tensors
+with ``array_type="torch"``)::
 
     >>> import gymnasium as gym, fedrl_envs
     >>> env = gym.make("fedrl/GridWorld-v0", agent=3)
     >>> venv = gym.make_vec("fedrl/ArcNavigation-v0", num_envs=4, vectorization_mode="vector_entry_point")
+    >>> type(venv.reset(seed=0)[0]).__name__
+    'ndarray'
+    >>> tvenv = gym.make_vec("fedrl/ArcNavigation-v0", num_envs=4, array_type="torch")
+    >>> type(tvenv.reset(seed=0)[0]).__name__
+    'Tensor'
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ FAMILIES: dict[str, TaskFamily] = {}
 
 def register_family(family: TaskFamily, entry_point: Any) -> None:
     """Register a family under its ``env_id``: ``gym.make`` builds its single env from ``entry_point``
-    and ``gym.make_vec(..., vectorization_mode="vector_entry_point")`` its native batched env, and
+    and ``gym.make_vec(..., vectorization_mode="vector_entry_point")`` (``make_vec``'s default mode
+    for such an id) its native batched env (NumPy out by default, ``array_type="torch"`` for tensors), and
     the algorithms and ``FederatedVecEnv`` sample it through its kernels when given the id.
 
     :param family: the family (its ``env_id`` is the id)

@@ -79,7 +79,10 @@ class FamilyVectorEnv(VectorEnv):
     An agent's stream advances only when one of its own episodes ends.
 
     This is also the ``vector_entry_point`` of every registered family, where all environments
-    share one task (``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")``).
+    share one task (``gym.make_vec(id, num_envs=N)``, the native env being ``make_vec``'s default
+    mode for these ids); that route returns NumPy arrays by default, as Gymnasium's vector envs do
+    (``array_type="torch"`` for tensors; :meth:`from_gym_kwargs`), while the class itself and
+    ``FederatedVecEnv`` default to torch.
 
     :param family: the task family
     :param tasks: per-agent task parameters: a list, stacked parameters, or one task's parameters
@@ -552,11 +555,17 @@ class FamilyVectorEnv(VectorEnv):
         seed: int | None = None,
         autoreset: bool = True,
         render_mode: str | None = None,
-        array_type: str = "torch",
+        array_type: str = "numpy",
         kernels: str = "auto",
         **task_kwargs: Any,
     ) -> FamilyVectorEnv:
         """The ``vector_entry_point``: ``num_envs`` copies of one task given by ``gym.make`` kwargs.
+
+        ``gym.make_vec`` follows Gymnasium's convention of NumPy in and out (``array_type="numpy"``,
+        the default here), so that Gymnasium's NumPy vector wrappers (``RecordEpisodeStatistics``,
+        ``NormalizeReward``, ...) take its output as it is; ``array_type="torch"`` returns torch
+        tensors on ``device`` (the default of the class and of ``FederatedVecEnv``). With
+        ``device="cuda"``, pass ``array_type="torch"``: NumPy results are copied to the host every step.
 
         :param family: the task family
         :param num_envs: number of environments (all on the same task)
@@ -564,7 +573,7 @@ class FamilyVectorEnv(VectorEnv):
         :param seed: seed of the random stream
         :param autoreset: ``False`` for the fixed-horizon mode
         :param render_mode: must be ``None`` (the native vector env does not render)
-        :param array_type: ``"torch"`` or ``"numpy"``: what the env returns
+        :param array_type: ``"numpy"`` (default) or ``"torch"``: what the env returns
         :param kernels: ``"auto"`` (default), ``"torch"``, ``"numpy"`` or ``"numba"``: what the step
             kernel runs on (see the class)
         :param task_kwargs: the task's ``gym.make`` keyword arguments

@@ -61,6 +61,143 @@ def test_torchrl_gym_wrapper_on_a_federation():
     assert env.rollout(5).batch_size == (24, 5)
 
 
+FEDRL_IDS = ["fedrl/GridWorld-v0", ARC, "fedrl/CartPole-v0", "fedrl/Pendulum-v0"]
+GRID = "fedrl/GridWorld-v0"
+
+
+@pytest.mark.parametrize("env_id", FEDRL_IDS)
+def test_torchrl_check_env_specs_on_every_single_env(env_id):
+    torchrl_envs = pytest.importorskip("torchrl.envs")
+    from torchrl.envs.utils import check_env_specs
+
+    check_env_specs(torchrl_envs.GymEnv(env_id))  # GridWorld too: TorchRL one-hot encodes the returned cell
+
+
+@pytest.mark.parametrize("array_type", ["numpy", "torch"])
+@pytest.mark.parametrize("env_id", [ARC, "fedrl/CartPole-v0", "fedrl/Pendulum-v0"])
+def test_torchrl_check_env_specs_on_the_box_observation_vector_envs(env_id, array_type):
+    torchrl_envs = pytest.importorskip("torchrl.envs")
+    from torchrl.envs.utils import check_env_specs
+
+    check_env_specs(torchrl_envs.GymWrapper(gym.make_vec(env_id, 8, array_type=array_type)))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: gym.make_vec(GRID, 8), lambda: gym.make_vec(GRID, 8, array_type="torch"), lambda: FederatedVecEnv(GRID, 2, seed=0)],
+    ids=["make_vec", "make_vec-torch", "federation"],
+)
+def test_torchrl_gridworld_vector_envs_with_categorical_encoding(make):
+    """docs/interop.md: the gridworld's Discrete observations need ``categorical_action_encoding=True``."""
+    torchrl_envs = pytest.importorskip("torchrl.envs")
+    from torchrl.envs.utils import check_env_specs
+
+    env = torchrl_envs.GymWrapper(make(), categorical_action_encoding=True)
+    check_env_specs(env)
+    td = env.rollout(40, break_when_any_done=False)
+    obs, next_obs, done = td["observation"], td["next", "observation"], td["next", "done"].squeeze(-1)
+    assert obs.dtype == torch.int64 and obs.shape == done.shape and done.any()
+    # the final observation of a finished episode is a real cell, one move (or none) from the last one
+    moved = (obs // 5 - next_obs // 5).abs() + (obs % 5 - next_obs % 5).abs()
+    assert ((next_obs >= 0) & (next_obs < 25)).all() and (moved <= 1).all()
+    # and apart from the done steps, the next step starts where this one ended
+    assert torch.equal(obs[:, 1:][~done[:, :-1]], next_obs[:, :-1][~done[:, :-1]])
+
+
+@pytest.mark.xfail(raises=AssertionError, strict=False,
+                   reason="TorchRL's terminal_obs_reader fills a OneHot final-observation spec with zeros and copies the integer "
+                   "cell into every entry (torchrl 0.14); docs/interop.md")
+def test_torchrl_gridworld_vector_env_with_the_default_one_hot_encoding():
+    torchrl_envs = pytest.importorskip("torchrl.envs")
+    from torchrl.envs.utils import check_env_specs
+
+    check_env_specs(torchrl_envs.GymWrapper(gym.make_vec(GRID, 8)))  # GymWrapper runs the check itself as well
+
+
+# --- Gymnasium's vector wrappers on gym.make_vec (NumPy by default) ---------------------------
+def test_gymnasium_vector_wrappers_record_episode_statistics_on_make_vec():
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(gym.make_vec("fedrl/CartPole-v0", num_envs=4))
+    obs, _ = envs.reset(seed=0)
+    assert isinstance(obs, np.ndarray) and obs.shape == (4, 4)
+    running, lengths, recorded = np.zeros(4), np.zeros(4, dtype=np.int64), 0
+    envs.action_space.seed(0)
+    for _ in range(200):
+        obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample())
+        running += reward
+        lengths += 1
+        done = terminated | truncated
+        if done.any():
+            assert info["_episode"].tolist() == done.tolist()
+            np.testing.assert_allclose(info["episode"]["r"][done], running[done], rtol=1e-6)
+            assert info["episode"]["l"][done].tolist() == lengths[done].tolist()
+            running[done], lengths[done] = 0.0, 0
+            recorded += int(done.sum())
+    assert recorded >= 4 and len(envs.return_queue) == min(recorded, 100)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "wrap"),
+    [
+        ("fedrl/CartPole-v0", lambda e: gym.wrappers.vector.NormalizeReward(e)),
+        ("fedrl/CartPole-v0", lambda e: gym.wrappers.vector.ClipReward(e, -0.5, 0.5)),
+        ("fedrl/CartPole-v0", lambda e: gym.wrappers.vector.TransformReward(e, lambda r: 2 * r)),
+        ("fedrl/CartPole-v0", lambda e: gym.wrappers.vector.DictInfoToList(e)),
+        ("fedrl/Pendulum-v0", lambda e: gym.wrappers.vector.ClipAction(e)),
+        ("fedrl/Pendulum-v0", lambda e: gym.wrappers.vector.RescaleAction(e, -1.0, 1.0)),
+    ],
+    ids=["NormalizeReward", "ClipReward", "TransformReward", "DictInfoToList", "ClipAction", "RescaleAction"],
+)
+@pytest.mark.filterwarnings("ignore:.*precision lowered by casting to float32")
+def test_gymnasium_vector_wrappers_on_make_vec(env_id, wrap):
+    envs = wrap(gym.make_vec(env_id, num_envs=4))
+    obs, _ = envs.reset(seed=0)
+    for _ in range(60):
+        obs, reward, terminated, truncated, info = envs.step(envs.action_space.sample())
+    assert isinstance(obs, np.ndarray) and isinstance(reward, np.ndarray) and np.isfinite(reward).all()
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda e: gym.wrappers.vector.FlattenObservation(e), lambda e: gym.wrappers.vector.DtypeObservation(e, np.float64),
+     lambda e: gym.wrappers.vector.TransformObservation(e, lambda o: 2 * o, e.observation_space)],
+    ids=["FlattenObservation", "DtypeObservation", "TransformObservation"],
+)
+def test_gymnasium_observation_wrappers_take_the_fixed_horizon_env_only(wrap):
+    """docs/interop.md: Gymnasium's observation wrappers refuse SAME_STEP autoreset; autoreset=False works."""
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        wrap(gym.make_vec("fedrl/CartPole-v0", num_envs=4))
+    envs = wrap(gym.make_vec("fedrl/CartPole-v0", num_envs=4, autoreset=False))
+    obs, _ = envs.reset(seed=0)
+    obs, *_ = envs.step(envs.action_space.sample())
+    assert isinstance(obs, np.ndarray) and obs.shape == (4, 4)
+
+
+def test_gymnasium_normalize_observation_on_the_sync_vector_env():
+    """NormalizeObservation needs NEXT_STEP autoreset: the single envs' SyncVectorEnv has it."""
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        gym.wrappers.vector.NormalizeObservation(gym.make_vec("fedrl/CartPole-v0", num_envs=4))
+    envs = gym.wrappers.vector.NormalizeObservation(gym.make_vec("fedrl/CartPole-v0", num_envs=4, vectorization_mode="sync"))
+    envs.reset(seed=0)
+    for _ in range(30):
+        obs, *_ = envs.step(envs.action_space.sample())
+    assert isinstance(obs, np.ndarray) and np.isfinite(obs).all()
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [gym.wrappers.vector.RecordEpisodeStatistics, gym.wrappers.vector.NormalizeReward],
+    ids=["RecordEpisodeStatistics", "NormalizeReward"],
+)
+def test_torch_arrays_under_numpy_wrappers_fail_inside_gymnasium(wrap):
+    """What docs/interop.md tells the reader of these errors: the env was made with torch arrays."""
+    envs = wrap(gym.make_vec("fedrl/CartPole-v0", num_envs=4, array_type="torch"))
+    envs.reset(seed=0)
+    with pytest.raises((TypeError, RuntimeError)):
+        for _ in range(60):
+            envs.step(envs.action_space.sample())
+    assert isinstance(wrap(gym.make_vec("fedrl/CartPole-v0", num_envs=4)).reset(seed=0)[0], np.ndarray)
+
+
 # --- skrl -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("make", "num_envs"),

@@ -201,7 +201,11 @@ def test_quick_personalization_through_the_cli(tmp_path, capsys):
     report = (out / "report.md").read_text()
     for number in ("0.790", "0.730", "0.680", "0.240", "0.510", "0.710"):
         assert number in report
-    assert "personalization" in capsys.readouterr().out
+    # a smoke run's numbers beside the paper's say what they are (issue 36), in the report and the printed line
+    label = f"QUICK SMOKE RUN: {cfg.rounds} rounds, 2 seeds, not comparable with the paper"
+    assert label in report and "this run (quick smoke)" in report
+    printed = capsys.readouterr().out
+    assert f"personalization: {label}; " in printed
 
 
 def test_quick_alpha_through_the_cli(tmp_path):

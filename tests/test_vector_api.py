@@ -2,6 +2,7 @@
 
 ``FamilyVectorEnv`` and ``FederatedVecEnv`` (both backends) take ``array_type="torch"`` (default,
 tensors on the device) or ``"numpy"``; the NumPy mode returns the same numbers as NumPy arrays.
+``gym.make_vec`` of a fedrl id defaults to ``"numpy"`` (Gymnasium's convention, issue 36).
 """
 
 from __future__ import annotations
@@ -173,6 +174,21 @@ def test_make_vec_sets_the_spec_and_forwards_the_options():
     venv = gym.make_vec(GRID, 3, vectorization_mode="vector_entry_point", array_type="numpy", autoreset=False)
     assert venv.spec.id == GRID and venv.spec.kwargs["array_type"] == "numpy"
     assert isinstance(venv.reset(seed=0)[0], np.ndarray)
+
+
+def test_make_vec_defaults_to_numpy_and_the_classes_to_torch():
+    """Issue 36: ``gym.make_vec`` follows Gymnasium (NumPy), torch is one argument away; the classes keep torch."""
+    for venv in (gym.make_vec(CARTPOLE, num_envs=4), gym.make_vec(GRID, 4, vectorization_mode="vector_entry_point")):
+        assert isinstance(venv, FamilyVectorEnv) and venv.array_type == "numpy"
+        obs, _ = venv.reset(seed=0)
+        obs, reward, terminated, truncated, _ = venv.step(venv.action_space.sample())
+        assert all(isinstance(x, np.ndarray) for x in (obs, reward, terminated, truncated))
+        assert "array_type" not in venv.spec.kwargs  # the default is not written into the spec
+    torch_env = gym.make_vec(CARTPOLE, num_envs=4, array_type="torch")
+    assert torch_env.array_type == "torch" and isinstance(torch_env.reset(seed=0)[0], torch.Tensor)
+    assert FederatedVecEnv(CARTPOLE, 2, agents=[0, 1]).array_type == "torch"
+    assert FederatedVecEnv("CartPole-v1", 2, agent_kwargs=[{}, {}]).array_type == "torch"
+    assert FamilyVectorEnv(GRIDWORLD, GRIDWORLD.train_tasks[:1]).array_type == "torch"
 
 
 # --- reset_mask (Gymnasium's partial reset, used with AutoresetMode.DISABLED) ------------------

@@ -15,7 +15,7 @@ from fedrl_algos.cli.args import positive_float, positive_int
 from fedrl_algos.core.attacks import ATTACKS
 from fedrl_algos.core.curvature import CURVATURES, check_curvature_clip
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
-from fedrl_algos.reproduce.common import format_duration
+from fedrl_algos.reproduce.common import config_settings, format_duration, quick_run_label
 from fedrl_algos.reproduce.mfpo import PAPER_BUDGET, REDUCED_BUDGETS, SB3_REDUCED_BUDGETS
 
 __all__ = ["register", "cmd_reproduce", "budget_value", "DEFAULT_SEEDS", "QUICK_SEEDS"]
@@ -147,7 +147,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     for name in names:
         payload = run_experiment(EXPERIMENTS[name], out, seeds=seeds, quick=args.quick, device=args.device, progress=progress,
                                  config=configs[name])
-        print(f"{name}: {payload['wall_time_s']:.1f} s, {len(payload['records'])} records -> {out / name}/ (results.json, report.md, figures)")
+        # a quick run says so on the line that reports it, as its report.md does
+        label = f"{quick_run_label(config_settings(configs[name].quick()), seeds)}; " if args.quick else ""
+        print(f"{name}: {label}{payload['wall_time_s']:.1f} s, {len(payload['records'])} records -> {out / name}/ "
+              "(results.json, report.md, figures)")
     if len(names) > 1:
         print(f"all {len(names)} experiments: {time.perf_counter() - start:.1f} s")
     return 0
@@ -175,7 +178,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--seeds", type=positive_int, default=None, metavar="N",
         help=f"number of seeds 0..N-1 (default {DEFAULT_SEEDS}, or {QUICK_SEEDS} with --quick)",
     )
-    parser.add_argument("--quick", action="store_true", help="a seconds-long smoke version (few seeds, few rounds)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a seconds-long smoke version (few seeds, few rounds), labelled QUICK SMOKE RUN in its report and "
+                        "summary line: not comparable with the paper")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch device (default cpu)")
     parser.add_argument("--out", default="fedrl_out", metavar="DIR", help="output directory (default fedrl_out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars (the expected wall time is still printed)")

@@ -11,6 +11,11 @@ with different configs may interleave. :func:`run_experiment` times a run and wr
   ``settings`` holding the config's fields, what the run derived from them, and ``seeds``, ``quick``, ``device``;
 * the experiment's PNG figures;
 * ``report.md`` — this run's numbers next to the paper's, with the settings, wall time and machine load.
+
+A quick run (``quick=True``, ``fedrl reproduce --quick``, or a config equal to its own ``quick()``) is
+a smoke test of the code, not a reproduction: its ``report.md`` opens with :func:`quick_run_label`
+(``QUICK SMOKE RUN: 4 rounds, 2 seeds, not comparable with the paper``) and heads its column
+"this run (quick smoke)"; ``results.json`` has ``settings["quick"]`` and its records are unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ __all__ = [
     "config_settings",
     "FederatedTrainingConfig",
     "write_report",
+    "quick_run_label",
+    "is_quick_config",
     "progress_bar",
     "machine_info",
     "WallTimeEstimate",
@@ -285,6 +292,32 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def quick_run_label(settings: dict[str, Any], seeds: int | None = None) -> str:
+    """The line that marks a quick run's report and printed summary, e.g.
+    ``QUICK SMOKE RUN: 4 rounds, 2 seeds, not comparable with the paper``.
+
+    :param settings: the run's settings (its ``rounds``, where the config has them, are named)
+    :param seeds: the number of seeds, if known
+    """
+    rounds = settings.get("rounds")
+    parts = [f"{rounds} round{'s' if rounds != 1 else ''}"] if isinstance(rounds, int) and not isinstance(rounds, bool) else []
+    if seeds is not None:
+        parts.append(f"{seeds} seed{'s' if seeds != 1 else ''}")
+    return "QUICK SMOKE RUN" + (f": {', '.join(parts)}" if parts else "") + ", not comparable with the paper"
+
+
+def is_quick_config(config: Any) -> bool:
+    """Whether ``config`` is a smoke config: equal to its own ``quick()`` (which every ``quick()`` of
+    :mod:`fedrl_algos.reproduce` returns), as ``Experiment.config(quick=True)`` gives it."""
+    quick = getattr(config, "quick", None)
+    if not callable(quick):
+        return False
+    try:
+        return bool(config == quick())
+    except (TypeError, ValueError, RuntimeError):  # fields that do not compare (tensors): not recognisable
+        return False
+
+
 def write_report(
     experiment: Experiment,
     output: ExperimentOutput,
@@ -293,8 +326,16 @@ def write_report(
     out_dir: Path,
     cpu_time: float | None = None,
     machine: dict[str, Any] | None = None,
+    *,
+    quick: bool = False,
+    seeds: int | None = None,
 ) -> Path:
-    """Write ``report.md`` for one experiment run and return its path."""
+    """Write ``report.md`` for one experiment run and return its path.
+
+    :param quick: a smoke run: the report opens with :func:`quick_run_label` and its column of this
+        run's numbers says "quick smoke", so that they are not read as a reproduction of the paper's
+    :param seeds: the number of seeds (named in the quick label)
+    """
     machine = machine or machine_info()
     cpu = f" (CPU time {cpu_time:.1f} s)" if cpu_time is not None else ""
     load = machine.get("load_average_1_5_15min")
@@ -305,7 +346,16 @@ def write_report(
         f"Reproduces {experiment.paper_reference}. Wall time: {wall_time:.1f} s{cpu} on {machine.get('machine')} "
         f"with {machine.get('cpu_count')} cores{load_txt}; torch {machine.get('torch')}.",
         "",
-        "| quantity | paper | this run | ± (seeds) | note |",
+    ]
+    if quick:
+        lines += [
+            f"> **{quick_run_label(output.settings, seeds)}.** This is the configuration's smoke version (`quick()`, "
+            "`fedrl reproduce --quick`: a few rounds, few seeds): it checks that the code runs end to end, and its numbers "
+            "are not a reproduction of the paper's. Run without `--quick` for numbers to compare.",
+            "",
+        ]
+    lines += [
+        f"| quantity | paper | {'this run (quick smoke)' if quick else 'this run'} | ± (seeds) | note |",
         "|---|---|---|---|---|",
     ]
     for row in output.table:
@@ -355,6 +405,9 @@ def run_experiment(
     :param progress: show progress bars
     :param config: an instance of the experiment's :attr:`~Experiment.config_class` (default: the
         paper's configuration)
+
+    A quick run's report is labelled a smoke run (:func:`quick_run_label`): with ``quick``, or with a
+    ``config`` that is already a ``quick()`` one (:func:`is_quick_config`).
     """
     if config is None:
         config = experiment.config_class()
@@ -381,5 +434,6 @@ def run_experiment(
         "records": output.records,
     }
     (out_dir / "results.json").write_text(json.dumps(payload, indent=1, default=float))
-    write_report(experiment, output, wall_time, figures, out_dir, cpu_time=cpu_time, machine=machine)
+    write_report(experiment, output, wall_time, figures, out_dir, cpu_time=cpu_time, machine=machine,
+                 quick=quick or is_quick_config(config), seeds=seeds)
     return payload
