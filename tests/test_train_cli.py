@@ -161,7 +161,7 @@ def test_train_two_algorithms_resume_and_overlay(env_module, tmp_path, capsys, m
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     labels = [c.label for c in drawn[0]]
     assert any(label.startswith("mfpo: eval/return") for label in labels)
-    assert any(label.startswith("fedavg_pg: eval/pre_adaptation_return") for label in labels)
+    assert any(label.startswith("fedavg_pg: eval/pre_adaptation_return") and "γ-discounted" in label for label in labels)
     assert len({c.color for c in drawn[0]}) == 2  # one colour per run, in one figure
     assert "| mfpo | mfpo | eval/return | mean |" in text and "| fedavg_pg | fedavg_pg |" in text
     assert main(["plot", str(runs["mfpo"]), "--x", "rounds"]) == 0  # one run: redrawn in place

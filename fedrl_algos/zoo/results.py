@@ -7,9 +7,12 @@ one row per log: ``time/total_timesteps``, ``train/round``, the ``eval/`` metric
 (``fedrl train``) and :func:`plot_runs` (``fedrl plot``) write the figure and the tables.
 
 The curve is a column of ``progress.csv`` chosen by name (``key``, default ``eval/return``, the
-deployed policy's undiscounted return averaged over agents). Files written before every algorithm
-logged that name carry an older one (:data:`LEGACY_KEYS`), which is used in its place and named in
-the figure and the table.
+deployed policy's undiscounted return averaged over agents). Runs of algorithms that do not log that
+name yet log an older one (:data:`LEGACY_KEYS`: FedAvg-PG's and Per-FedAvg-PG's
+``eval/pre_adaptation_return`` and ``eval/post_adaptation_return``, IndependentPG's ``eval/mc_return``),
+which stands in for it: the column read is named in the legend and the tables, and those older
+columns are **discounted** (γ) returns, not comparable with an undiscounted ``eval/return``
+(:data:`STAND_IN_NOTE`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from fedrl_algos.zoo.config import TrainConfigError
 __all__ = [
     "DEFAULT_KEY",
     "LEGACY_KEYS",
+    "STAND_IN_NOTE",
     "PlotResult",
     "RunLogs",
     "adapted_key",
@@ -54,6 +58,9 @@ LEGACY_KEYS: dict[str, tuple[str, ...]] = {
     "eval/return": ("eval/pre_adaptation_return", "eval/mc_return"),
     "eval/adapted_return": ("eval/post_adaptation_return",),
 }
+#: what the tables say under a curve read from a :data:`LEGACY_KEYS` column
+STAND_IN_NOTE = ("a column not named as asked for is an older evaluation's name standing in for it: a γ-discounted "
+                 "Monte Carlo return, not comparable with an undiscounted eval/return")
 _AGENT_COLUMN = re.compile(r"^eval/agent_(\d+)/(.+)$")
 
 
@@ -231,7 +238,8 @@ def summary_rows(run: RunLogs, key: str = DEFAULT_KEY) -> list[dict[str, Any]]:
 
     Each row: ``run``, ``algo``, ``env``, ``curve`` (the column read), ``agent`` (``"mean"`` or the
     index), ``final_mean``, ``final_se`` (``nan`` for one seed), ``seeds``, ``env_steps`` and
-    ``rounds`` (of the final values; ``a–b`` when seeds differ), ``wall_seconds`` (mean per seed).
+    ``rounds`` (of the final values; ``a–b`` when seeds differ), ``wall_seconds`` (mean per seed),
+    ``stand_in`` (the curve is an older column standing in for the one asked for, :data:`LEGACY_KEYS`).
     """
     rows = []
     walls = [float(run.states[s]["wall_seconds"]) for s in run.seeds if s in run.states and "wall_seconds" in run.states[s]]
@@ -251,7 +259,7 @@ def summary_rows(run: RunLogs, key: str = DEFAULT_KEY) -> list[dict[str, Any]]:
                 continue
             mean, se = _mean_se([f[0] for f in finals])
             rows.append({
-                "run": run.label, "algo": run.algo, "env": run.env, "curve": col, "agent": agent,
+                "run": run.label, "algo": run.algo, "env": run.env, "curve": col, "agent": agent, "stand_in": column != wanted,
                 "final_mean": mean, "final_se": se, "seeds": len(finals),
                 "env_steps": _span([f[1] for f in finals]), "rounds": _span([f[2] for f in finals]), "wall_seconds": wall,
             })
@@ -265,7 +273,8 @@ def _number(value: float) -> str:
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A markdown table of :func:`summary_rows` rows."""
+    """A markdown table of :func:`summary_rows` rows (with :data:`STAND_IN_NOTE` under it where a row's
+    curve is an older column standing in for the one asked for)."""
     header = "| run | algo | curve | agent | final return (mean ± s.e.) | seeds | env steps | rounds | wall time per seed |"
     lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -273,11 +282,14 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         wall = "—" if not np.isfinite(r["wall_seconds"]) else f"{r['wall_seconds']:.1f} s"
         lines.append(f"| {r['run']} | {r['algo']} | {r['curve']} | {r['agent']} | {value} | {r['seeds']} | {r['env_steps']} | "
                      f"{r['rounds']} | {wall} |")
+    if any(r.get("stand_in") for r in rows):
+        lines += ["", f"Note: {STAND_IN_NOTE}."]
     return "\n".join(lines)
 
 
 def _write_csv(path: pathlib.Path, rows: Sequence[dict[str, Any]]) -> None:
-    fields = ["run", "algo", "env", "curve", "agent", "final_mean", "final_se", "seeds", "env_steps", "rounds", "wall_seconds"]
+    fields = ["run", "algo", "env", "curve", "agent", "final_mean", "final_se", "seeds", "env_steps", "rounds", "wall_seconds",
+              "stand_in"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
@@ -295,7 +307,9 @@ def _curves(runs: Sequence[RunLogs], key: str, per_agent: bool, x: str, with_run
             if column is None:
                 continue
             xs, mean, se, n = curve(run, column, x)
-            name = f"{column} (mean of {max(n, default=0)} seed{'s' if max(n, default=0) != 1 else ''})"
+            seeds = int(max(n, default=0))
+            discounted = ", γ-discounted" if column != wanted else ""
+            name = f"{column} (mean of {seeds} seed{'s' if seeds != 1 else ''}{discounted})"
             curves.append(Curve(f"{run.label}: {name}" if with_run_label else name, xs, mean, se, color, style))
             if per_agent and style == "main":
                 for i, col in agent_columns(run, column).items():
@@ -349,11 +363,10 @@ def write_run_summary(run_dir: str | pathlib.Path, key: str = DEFAULT_KEY, per_a
     md.write_text(
         f"# {run.algo} on {run.env}\n\n"
         f"{n_agents} agents, seeds {', '.join(map(str, run.seeds))}. Final evaluation return: mean ± standard error over "
-        f"seeds of each seed's last logged `{key}` (or its older name, as the `curve` column says: the undiscounted "
-        f"return of the deployed policy, {run.settings.get('eval_trajectories', '?')} "
-        "episodes per agent; rows `agent i` for each agent's own environment; the adapted rows after the algorithm's "
-        "adaptation step). Env steps are summed over agents; wall time is training and evaluation per seed.\n\n"
-        f"{table}\n", encoding="utf-8")
+        f"seeds of each seed's last logged `{key}` (the undiscounted return of the deployed policy, "
+        f"{run.settings.get('eval_trajectories', '?')} episodes per agent; rows `agent i` for each agent's own "
+        "environment; the adapted rows after the algorithm's adaptation step). Env steps are summed over agents; wall "
+        f"time is training and evaluation per seed.\n\n{table}\n", encoding="utf-8")
     csv_path = run.path / "summary.csv"
     _write_csv(csv_path, rows)
     return PlotResult(figure, md, csv_path, rows, table)
