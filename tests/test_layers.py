@@ -177,9 +177,9 @@ def test_the_library_never_imports_the_wrappers_alias() -> None:
 
 
 #: what may sit at the top of ``fedrl_algos``: the library's packages (the algorithms, their shared
-#: layers, Flower, the papers' experiments, the benchmarks, the command line) and no module
+#: layers, Flower, the papers' experiments, the benchmarks, ``fedrl train``'s runs, the command line) and no module
 TOP_LEVEL_PACKAGES = {
-    "common", "core", "policies", "flower", "reproduce", "bench", "cli",
+    "common", "core", "policies", "flower", "reproduce", "bench", "cli", "zoo",
     *(name.rpartition(".")[2] for name in ALGORITHM_PACKAGES),
 }
 TOP_LEVEL_MODULES: set[str] = set()
@@ -210,7 +210,8 @@ def test_algorithms_do_not_import_each_other() -> None:
     assert not bad, "; ".join(bad)
 
 
-#: the figures of ``fedrl reproduce``: the only modules that import matplotlib
+#: the figures of ``fedrl reproduce`` (and the learning curves of ``fedrl train``/``fedrl plot``,
+#: ``plots.curves``): the only modules that import matplotlib
 PLOTTING = "fedrl_algos.reproduce.plots"
 
 

@@ -1,8 +1,9 @@
-"""The ``fedrl`` command line: ``fedrl envs``, ``fedrl bench``, ``fedrl demo``, ``fedrl reproduce``, ``fedrl flower``.
+"""The ``fedrl`` command line: ``fedrl envs``, ``fedrl train``, ``fedrl plot``, ``fedrl bench``, ``fedrl demo``,
+``fedrl reproduce``, ``fedrl flower``.
 
 All of it lives in this package: one module per sub-command (its arguments and what it runs)
 and :mod:`.args`, the argument types and output helpers they share. The work itself is the
-library's (:mod:`fedrl_algos.reproduce`, :mod:`fedrl_algos.bench`, :mod:`fedrl_algos.flower`).
+library's (:mod:`fedrl_algos.zoo`, :mod:`fedrl_algos.reproduce`, :mod:`fedrl_algos.bench`, :mod:`fedrl_algos.flower`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from fedrl_algos.cli import bench, demo, envs, flower, reproduce
+from fedrl_algos.cli import bench, demo, envs, flower, plot, reproduce, train
 
 #: the sub-commands of ``fedrl``, in the order of ``fedrl --help``: each adds itself to the parser's
 #: sub-parsers. One explicit list, so that building the parser imports nothing for its side effects.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     envs.register,
+    train.register,
+    plot.register,
     bench.register,
     demo.register,
     reproduce.register,

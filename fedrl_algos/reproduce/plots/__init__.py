@@ -2,7 +2,8 @@
 
 One module per experiment module (:mod:`~fedrl_algos.reproduce.plots.tabular`,
 :mod:`~fedrl_algos.reproduce.plots.partial`, :mod:`~fedrl_algos.reproduce.plots.neural`,
-:mod:`~fedrl_algos.reproduce.plots.mfpo`). Their functions take an experiment's results as plain data
+:mod:`~fedrl_algos.reproduce.plots.mfpo`), and :mod:`~fedrl_algos.reproduce.plots.curves`, the learning
+curves of ``fedrl train`` and ``fedrl plot`` (:mod:`fedrl_algos.zoo`). Their functions take an experiment's results as plain data
 (the records of ``results.json``, its settings, and the labels and paper values to draw), write PNG
 files and return their paths; each experiment's ``plot`` hands its output to them. These are the only
 modules of :mod:`fedrl_algos.reproduce` that import matplotlib, and they import it only when a figure
