@@ -124,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     logs = train.add_argument_group("logs, evaluation, checkpoints")
     logs.add_argument("--out", metavar="DIR", help="the run directory (required; rerunning on it resumes)")
     logs.add_argument("--eval-trajectories", type=non_negative_int, metavar="M",
-                      help="evaluation episodes per agent at every log (default 16; 0: no Monte Carlo evaluation). Each "
+                      help="evaluation episodes per agent at every log (default 32, the library's; 0: no Monte Carlo evaluation). Each "
                       "evaluation costs M episodes per agent, and FedAvgPG/PerFedAvgPG add their adaptation step's "
                       "trajectories and M adapted episodes per agent")
     logs.add_argument("--log-interval", type=positive_int, metavar="ROUNDS", help="rounds between two logs and evaluations (default 1)")

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fedrl_algos.common.evaluation import DEFAULT_EVAL_TRAJECTORIES
+
 __all__ = [
     "CONFIG_KEYS",
     "SB3_ALGORITHM_CLASSES",
@@ -82,7 +84,7 @@ _DEFAULTS: dict[str, Any] = {
     "policy": "MlpPolicy",
     "seeds": 1,
     "seed": 0,
-    "eval_trajectories": 16,
+    "eval_trajectories": DEFAULT_EVAL_TRAJECTORIES,
     "log_interval": 1,
     "checkpoint_every": 10,
     "tensorboard": False,
@@ -130,7 +132,7 @@ class TrainConfig:
     seeds: tuple[int, ...] = (0,)
     budget: int | None = None
     rounds: int | None = None
-    eval_trajectories: int = 16
+    eval_trajectories: int = DEFAULT_EVAL_TRAJECTORIES
     log_interval: int = 1
     checkpoint_every: int = 10
     tensorboard: bool = False
