@@ -113,9 +113,9 @@ def test_train_two_algorithms_resume_and_overlay(env_module, tmp_path, capsys, m
             rows = _rows(seed_dir / "progress.csv")
             assert _rounds(seed_dir / "progress.csv") == [0, 1, 2, 3, 4]  # round 0: the untrained policy
             assert [int(r["time/total_timesteps"]) for r in rows] == [k * config["timesteps_per_round"] for k in range(5)]
-            # the evaluation's column: eval/return (MFPO), the server policy's pre-adaptation return (FedAvg-PG, until
-            # every algorithm logs the common names) and its adapted counterpart
-            evals = ["eval/return"] if algo == "mfpo" else ["eval/pre_adaptation_return", "eval/post_adaptation_return"]
+            # the common evaluation's columns (and the adapted ones of FedAvg-PG), per agent too
+            evals = ["eval/return", "eval/discounted_return", "eval/agent_1/return"]
+            evals += [] if algo == "mfpo" else ["eval/adapted_return", "eval/agent_0/adapted_return"]
             for key in evals:
                 assert all(r[key] != "" for r in rows), key
         assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -161,7 +161,7 @@ def test_train_two_algorithms_resume_and_overlay(env_module, tmp_path, capsys, m
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     labels = [c.label for c in drawn[0]]
     assert any(label.startswith("mfpo: eval/return") for label in labels)
-    assert any(label.startswith("fedavg_pg: eval/pre_adaptation_return") and "γ-discounted" in label for label in labels)
+    assert any(label.startswith("fedavg_pg: eval/return") and "γ-discounted" not in label for label in labels)
     assert len({c.color for c in drawn[0]}) == 2  # one colour per run, in one figure
     assert "| mfpo | mfpo | eval/return | mean |" in text and "| fedavg_pg | fedavg_pg |" in text
     assert main(["plot", str(runs["mfpo"]), "--x", "rounds"]) == 0  # one run: redrawn in place
@@ -274,7 +274,7 @@ def test_plot_refuses_what_it_cannot_draw(env_module, tmp_path, capsys):
     assert main(_train_argv("mfpo", out, 1)) == 0
     with pytest.raises(SystemExit):
         main(["plot", str(out), "--key", "eval/nope"])
-    assert "the eval/ columns logged: ['eval/discounted_return', 'eval/return']" in capsys.readouterr().err
+    assert "the eval/ columns logged: ['eval/agent_0/discounted_return'," in capsys.readouterr().err
 
 
 def test_a_toml_config_file_resolves_to_the_same_settings(env_module, tmp_path):
@@ -298,3 +298,19 @@ def test_a_toml_config_file_resolves_to_the_same_settings(env_module, tmp_path):
     (tmp_path / "bad.toml").write_text('algo = "mfpo"\nlearning_rate = 1\n')
     with pytest.raises(ValueError, match=r"--config: .*unknown setting\(s\) \['learning_rate'\]"):
         load_config_file(tmp_path / "bad.toml")
+
+
+def test_runs_logged_with_the_older_evaluation_names_plot_marked_discounted(env_module, tmp_path, capsys):
+    """A run directory whose progress.csv has the evaluation names from before the common protocol
+    (``eval/pre_adaptation_return``): its column stands in for ``eval/return``, marked γ-discounted."""
+    out = tmp_path / "old"
+    assert main(_train_argv("mfpo", out, 1)) == 0
+    for progress in out.glob("seed_*/progress.csv"):
+        header, *rest = progress.read_text().splitlines()
+        columns = header.split(",")
+        columns[columns.index("eval/return")] = "eval/pre_adaptation_return"
+        progress.write_text("\n".join([",".join(columns), *rest]) + "\n")
+    capsys.readouterr()
+    assert main(["plot", str(out), "--out", str(tmp_path / "old.png")]) == 0
+    text = capsys.readouterr().out
+    assert "eval/pre_adaptation_return" in text and "γ-discounted" in text
