@@ -86,7 +86,9 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     :param adaptation_baseline: baseline of every adaptation gradient ĝ_in — the inner step of
         training, the logged evaluation and :meth:`adapt`: ``None`` (default, the paper's eq. (2)),
         ``"loo"`` (time-dependent mean reward-to-go of the other trajectories of the batch;
-        unbiased, lower variance) or ``"mean"`` (including the trajectory itself; biased by O(1/m))
+        unbiased, lower variance), ``"mean"`` (including the trajectory itself; biased by O(1/m)) or
+        ``"linear"`` (garage's linear feature baseline of the state and time step, fitted on the other
+        folds of the batch: unbiased; :mod:`fedrl_algos.core.baselines`)
     :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"paper"`` (eq. (3), default),
         ``"causal"`` (Hessian of a causality-respecting surrogate with a leave-one-out per-step
         baseline: unbiased, lower variance) or ``"lvc"`` (ProMP's low-variance curvature, **biased**);
@@ -94,7 +96,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         ``objective="paper"`` (the only estimator with a curvature batch). Saved with the model;
         files saved without it load as ``"paper"``
     :param outer_baseline: baseline of the outer gradient ĝ_out of training (at the adapted
-        parameters): ``None`` (default, eq. (2)), ``"loo"`` (unbiased) or ``"mean"``, as
+        parameters): ``None`` (default, eq. (2)), ``"loo"`` (unbiased), ``"mean"`` or ``"linear"``, as
         ``adaptation_baseline``. The exact variant multiplies ĝ_out by ``I + αĤ``, so a less noisy
         ĝ_out also makes the curvature term less noisy. Saved with the model; files saved without it
         load as ``None``
