@@ -682,6 +682,10 @@ def _episodes(batch=(2,), m=3, steps=4, n_states=3, n_actions=2, seed=11) -> tup
     return policy, Trajectories(obs, actions, rewards, mask)
 
 
+#: the baselines that average over the batch at each time step (``"linear"``: tests/test_linear_baseline.py)
+TIME_BASELINES = tuple(b for b in gp.BASELINES if b != "linear")
+
+
 def _loop_weights(traj: Trajectories, gamma: float, estimator: str, baseline) -> torch.Tensor:
     """ψ by loops: reward-to-go (GPOMDP) or return (REINFORCE) minus the running trajectories' baseline."""
     rewards, mask = traj.rewards.reshape(-1, *traj.rewards.shape[-2:]).tolist(), traj.mask.reshape(-1, *traj.mask.shape[-2:]).tolist()
@@ -710,7 +714,7 @@ def _loop_weights(traj: Trajectories, gamma: float, estimator: str, baseline) ->
 def test_step_weights_of_every_estimator_and_baseline_and_their_defaults():
     _, traj = _episodes()
     for estimator in gp.ESTIMATORS:
-        for baseline in gp.BASELINES:
+        for baseline in TIME_BASELINES:
             expected = _loop_weights(traj, 0.8, estimator, baseline)
             assert torch.allclose(gp.step_weights(traj, 0.8, estimator, baseline), expected, rtol=0, atol=1e-12), (estimator, baseline)
     loo_gpomdp = _loop_weights(traj, 0.8, "gpomdp", "loo")
@@ -724,7 +728,7 @@ def test_step_weights_of_every_estimator_and_baseline_and_their_defaults():
 def test_gpomdp_and_reinforce_estimates_use_the_baseline_they_are_given():
     policy, traj = _episodes()
     theta = torch.randn(2, policy.n_params, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    for baseline in gp.BASELINES:
+    for baseline in TIME_BASELINES:
         for estimate, name in ((gp.gpomdp, "gpomdp"), (gp.reinforce, "reinforce")):
             expected = policy.score_gradient(theta, traj, _loop_weights(traj, 0.8, name, baseline))
             assert torch.allclose(estimate(policy, theta, traj, 0.8, baseline), expected, rtol=0, atol=1e-12), (name, baseline)
@@ -1035,12 +1039,12 @@ def test_attacked_estimator_acts_reports_and_draws_as_its_attack():
 def test_adaptation_baseline_checks_name_the_argument_they_were_given():
     from fedrl_algos.core.adaptation import adaptation_weights, check_adaptation_baseline
 
-    with pytest.raises(TypeError, match=r"^adaptation_baseline must be None or one of \('loo', 'mean'\), got int$"):
+    with pytest.raises(TypeError, match=r"^adaptation_baseline must be None or one of \('loo', 'mean', 'linear'\), got int$"):
         check_adaptation_baseline(3)
-    with pytest.raises(ValueError, match=r"^inner_baseline must be one of \(None, 'loo', 'mean'\), got 'LOO'$"):
+    with pytest.raises(ValueError, match=r"^inner_baseline must be one of \(None, 'loo', 'mean', 'linear'\), got 'LOO'$"):
         check_adaptation_baseline("LOO", "inner_baseline")
     _, traj = _episodes()
-    with pytest.raises(ValueError, match=r"^baseline must be one of \(None, 'loo', 'mean'\), got 'median'$"):
+    with pytest.raises(ValueError, match=r"^baseline must be one of \(None, 'loo', 'mean', 'linear'\), got 'median'$"):
         adaptation_weights(traj, 0.8, "median")
     for baseline in (None, "loo", "mean"):
         expected = _loop_weights(traj, 0.8, "gpomdp", baseline)
@@ -1251,7 +1255,7 @@ def test_kernel_sampler_without_a_plan_forwards_its_normalizer_and_early_stop():
 
 def test_score_function_gradient_rejects_a_bad_baseline_and_is_named_after_its_estimator():
     policy, _ = _episodes()
-    with pytest.raises(ValueError, match=r"^baseline must be one of \('loo', 'mean', None\), got 'median'$"):
+    with pytest.raises(ValueError, match=r"^baseline must be one of \('loo', 'mean', None, 'linear'\), got 'median'$"):
         gp.ScoreFunctionGradient(policy, 0.8, 2, "gpomdp", "median")
     assert gp.ScoreFunctionGradient(policy, 0.8, 2).name == "gpomdp"
     assert gp.ScoreFunctionGradient(policy, 0.8, 2, "reinforce").name == "reinforce"

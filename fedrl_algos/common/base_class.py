@@ -531,7 +531,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             and the number of adaptations so far)
         :param baseline: baseline of the adaptation gradient: ``None`` (the paper's eq. (2)),
             ``"loo"`` (unbiased leave-one-out time-dependent mean; lower variance, see
-            :mod:`fedrl_algos.core.adaptation`), ``"mean"``, or ``"auto"`` (default): the model's
+            :mod:`fedrl_algos.core.adaptation`), ``"mean"``, ``"linear"`` (cross-fitted linear feature
+            baseline, unbiased), or ``"auto"`` (default): the model's
             :attr:`default_adaptation_baseline` (e.g. Per-FedAvg-PG's ``adaptation_baseline``)
         :return: a copy of the policy (with ``predict``) holding the personalized ``theta``; a list
             for a list of tasks

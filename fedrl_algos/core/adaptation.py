@@ -9,8 +9,15 @@ with the reward-to-go ``R^h = Σ_{t≥h} γ^t r_t`` (a GPOMDP sum without a base
 
 which does not depend on trajectory j, so ``E[ĝ] = ∇J`` still holds exactly (for m ≥ 2; with one
 trajectory there is nothing to leave out and b = 0). ``baseline="mean"`` includes j itself: a bias
-of O(1/m), as :func:`~fedrl_algos.core.gpomdp.time_baseline` documents. The baselines are
-computed per batch row, so the estimate of a row depends on its own trajectories only.
+of O(1/m), as :func:`~fedrl_algos.core.gpomdp.time_baseline` documents. ``baseline="linear"``
+subtracts ``γ^h φ(s_{j,h}, h)ᵀw``, garage's linear feature baseline with ``w`` fitted on the other
+folds of the batch (:mod:`fedrl_algos.core.baselines`): a function of trajectory j's state and of
+the *other* trajectories, so the estimate stays unbiased too. The baselines are computed per batch
+row, so the estimate of a row depends on its own trajectories only.
+
+Every baseline here is a function of the batch's observations and rewards only, never of θ, so the
+Jacobian ``∇_θ ĝ_in(D; θ) = (1/m) Σ_ξ ∇²ν(ξ)`` at fixed trajectories (the debiased meta-gradient's
+curvature term, :mod:`fedrl_algos.per_fedavg_pg.debiased`) keeps its form with any of them.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
 __all__ = ["ADAPTATION_BASELINES", "check_adaptation_baseline", "adaptation_weights", "adaptation_gradient"]
 
 #: accepted values of ``adaptation_baseline`` (``None``: the paper's estimator, eq. (2))
-ADAPTATION_BASELINES = (None, "loo", "mean")
+ADAPTATION_BASELINES = (None, "loo", "mean", "linear")
 
 
 def check_adaptation_baseline(baseline: Any, name: str = "adaptation_baseline") -> str | None:
@@ -39,7 +46,12 @@ def check_adaptation_baseline(baseline: Any, name: str = "adaptation_baseline") 
 
 
 def adaptation_weights(traj: Trajectories, gamma: float, baseline: str | None = None) -> torch.Tensor:
-    """The step weights ``ψ [*B, m, T]`` of the adaptation gradient: ``R^h`` (``None``) or ``R^h − b_{j,h}``."""
+    """The step weights ``ψ [*B, m, T]`` of the adaptation gradient: ``R^h`` (``None``) or ``R^h − b_{j,h}``.
+
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param gamma: discount γ
+    :param baseline: one of :data:`ADAPTATION_BASELINES`
+    """
     if baseline is None:
         return reward_to_go_weights(traj, gamma)
     return gpomdp_weights(traj, gamma, check_adaptation_baseline(baseline, "baseline"))
@@ -54,7 +66,7 @@ def adaptation_gradient(policy, theta: torch.Tensor, traj: Trajectories, gamma: 
     :param theta: parameters ``[*B, d]`` the trajectories were sampled with
     :param traj: trajectories ``[*B, m, T, ...]``
     :param gamma: discount
-    :param baseline: ``None``, ``"loo"`` or ``"mean"`` (see the module docstring)
+    :param baseline: ``None``, ``"loo"``, ``"mean"`` or ``"linear"`` (see the module docstring)
     """
     if baseline is None:
         return policy_gradient(policy, theta, traj, gamma)

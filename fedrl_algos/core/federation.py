@@ -411,7 +411,7 @@ def adapt_with_sampler(
     :param step_size: step size α
     :param gamma: discount
     :param baseline: baseline of the adaptation gradient: ``None`` (eq. (2)), ``"loo"`` (unbiased
-        leave-one-out time-dependent mean) or ``"mean"`` (:mod:`fedrl_algos.core.adaptation`)
+        leave-one-out time-dependent mean), ``"mean"`` or ``"linear"`` (:mod:`fedrl_algos.core.adaptation`)
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """
     used = []

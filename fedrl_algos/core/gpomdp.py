@@ -19,7 +19,13 @@ each batch row and only over the trajectories still running at ``h``:
 * ``"loo"`` (default) — leave-one-out mean of the *other* trajectories: independent of trajectory
   j, so the estimate stays unbiased;
 * ``"mean"`` — the batch mean including j (biased by O(1/m), slightly lower variance);
-* ``None`` — no baseline.
+* ``None`` — no baseline;
+* ``"linear"`` — a state-dependent baseline ``b_{j,h} = φ(s_{j,h}, h)ᵀ w`` (garage's linear
+  feature baseline, :mod:`fedrl_algos.core.baselines`), ``w`` fitted by ridge least squares on
+  the *other* folds of the batch (cross-fitting), so it is independent of trajectory j and the
+  estimate stays unbiased. GPOMDP fits the value ``G^h = Σ_{t ≥ h} γ^(t−h) r_t`` (a function of
+  the state, as garage's) and subtracts ``γ^h φᵀw`` from ``R^h = γ^h G^h`` (``φᵀw`` itself with
+  ``discounting="relative"``); REINFORCE fits the return ``R(τ)`` at every step.
 
 ``discounting="relative"`` replaces ``R^h`` in GPOMDP by ``G^h = Σ_{t ≥ h} γ^(t−h) r_t``
 (:func:`~fedrl_algos.core.estimators.relative_rewards_to_go`), i.e. drops the factor ``γ^h`` of
@@ -39,6 +45,7 @@ import math
 
 import torch
 
+from fedrl_algos.core.baselines import linear_baseline
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.estimators import (
     autograd_score_gradient,
@@ -70,7 +77,7 @@ __all__ = [
 ]
 
 #: accepted values of every ``baseline`` argument
-BASELINES = ("loo", "mean", None)
+BASELINES = ("loo", "mean", None, "linear")
 #: accepted values of every ``estimator`` argument
 ESTIMATORS = ("gpomdp", "reinforce")
 #: accepted values of every ``discounting`` argument (see the module docstring)
@@ -106,9 +113,16 @@ def time_baseline(values: torch.Tensor, mask: torch.Tensor, baseline: str | None
     Only trajectories running at ``h`` (``mask > 0``) enter the average; a row with no other
     running trajectory gets 0. For ``"loo"`` trajectory j's baseline excludes j itself.
 
+    :param values: the values averaged (e.g. rewards-to-go) ``[*B, m, T]``
+    :param mask: ``[*B, m, T]``
+    :param baseline: ``"loo"``, ``"mean"`` or ``None`` (``"linear"`` needs the observations:
+        :func:`gpomdp_weights`, :func:`~fedrl_algos.core.baselines.linear_baseline`)
     :return: ``[*B, m, T]``
     """
     _check_baseline(baseline)
+    if baseline == "linear":
+        raise ValueError("baseline='linear' is a function of the observations, not of the values alone: "
+                         "use gpomdp_weights/reinforce_weights/step_weights or fedrl_algos.core.baselines.linear_baseline")
     if baseline is None:
         return torch.zeros_like(values)
     alive = (mask > 0).to(values.dtype)
@@ -121,19 +135,44 @@ def time_baseline(values: torch.Tensor, mask: torch.Tensor, baseline: str | None
 
 
 def gpomdp_weights(traj: Trajectories, gamma: float, baseline: str | None = "loo", discounting: str = "absolute") -> torch.Tensor:
-    """GPOMDP step weights ``ψ_{j,h} = mask (R^h_j − b_h)``: ``[*B, m, T]`` (``G^h`` in place of
-    ``R^h`` with ``discounting="relative"``)."""
-    to_go = relative_rewards_to_go if check_discounting("gpomdp", discounting) == "relative" else discounted_rewards_to_go
-    reward_to_go = to_go(traj.rewards * traj.mask, gamma)
+    """GPOMDP step weights ``ψ_{j,h} = mask (R^h_j − b_{j,h})``: ``[*B, m, T]`` (``G^h`` in place of
+    ``R^h`` with ``discounting="relative"``).
+
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param gamma: discount γ
+    :param baseline: one of :data:`BASELINES` (see the module docstring)
+    :param discounting: ``"absolute"`` or ``"relative"``
+    """
+    relative = check_discounting("gpomdp", discounting) == "relative"
+    _check_baseline(baseline)
+    rewards = traj.rewards * traj.mask
+    if baseline == "linear":
+        value_to_go = relative_rewards_to_go(rewards, gamma)
+        b = linear_baseline(traj, value_to_go)
+        if relative:
+            return (value_to_go - b) * traj.mask
+        discount = gamma ** torch.arange(rewards.shape[-1], device=rewards.device, dtype=rewards.dtype)
+        return (discounted_rewards_to_go(rewards, gamma) - discount * b) * traj.mask
+    reward_to_go = (relative_rewards_to_go if relative else discounted_rewards_to_go)(rewards, gamma)
     return (reward_to_go - time_baseline(reward_to_go, traj.mask, baseline)) * traj.mask
 
 
 def reinforce_weights(traj: Trajectories, gamma: float, baseline: str | None = "loo") -> torch.Tensor:
     """REINFORCE step weights ``ψ_{j,h} = mask (R(τ_j) − b)``: ``[*B, m, T]``.
 
-    The baseline averages the other trajectories' returns (every trajectory runs at h = 0).
+    The baseline averages the other trajectories' returns (every trajectory runs at h = 0); with
+    ``"linear"`` it is the cross-fitted linear fit of the return on the features of each step's
+    state and time (:mod:`fedrl_algos.core.baselines`), a per-step ``b_{j,h}``.
+
+    :param traj: trajectories ``[*B, m, T, ...]``
+    :param gamma: discount γ
+    :param baseline: one of :data:`BASELINES`
     """
     ret = discounted_rewards_to_go(traj.rewards * traj.mask, gamma)[..., :1]  # [*B, m, 1]
+    _check_baseline(baseline)
+    if baseline == "linear":
+        returns = ret.expand_as(traj.rewards)
+        return (returns - linear_baseline(traj, returns)) * traj.mask
     ones = torch.ones_like(ret)
     return (ret - time_baseline(ret, ones, baseline)) * traj.mask
 
@@ -294,7 +333,7 @@ class ScoreFunctionGradient(GradientEstimator):
     :param gamma: discount
     :param m: trajectories per estimate
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"``, ``"mean"`` or ``None``
+    :param baseline: ``"loo"``, ``"mean"``, ``None`` or ``"linear"`` (see the module docstring)
     :param normalize_advantage: divide the step weights by their standard deviation over each
         batch row (:func:`normalize_step_weights`)
     :param discounting: ``"absolute"`` (``R^h``, the gradient of J) or ``"relative"`` (``G^h``;

@@ -56,7 +56,8 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     :param local_steps: local steps per round (τ; the MFPO paper's K)
     :param n_trajectories: trajectories per agent and local step (m; the MFPO paper's D)
     :param estimator: ``"gpomdp"`` (reward-to-go weights) or ``"reinforce"`` (whole-return weights)
-    :param baseline: ``"loo"`` (default: leave-one-out, unbiased), ``None`` (the paper's eq. (2)) or ``"mean"``
+    :param baseline: ``"loo"`` (default: leave-one-out, unbiased), ``None`` (the paper's eq. (2)), ``"mean"`` or
+        ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased; :mod:`fedrl_algos.core.baselines`)
     :param server_optimizer: ``"sgd"`` (the server adopts the average, FedAvg) or ``"adam"``
     :param server_step_size: Adam's step size (``server_optimizer="adam"`` only)
     :param attack: what Byzantine agents do to their local directions: an

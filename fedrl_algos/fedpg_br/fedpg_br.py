@@ -59,7 +59,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     :param max_byzantine_fraction: α, the largest tolerated fraction of Byzantine agents (FedPG-BR:
         0.4); a first pass keeping fewer than ``(1 − α)K`` agents triggers the wider radius 2σ
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"``, ``"mean"`` or ``None``
+    :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"``, ``None`` or
+        ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased; :mod:`fedrl_algos.core.baselines`)
     :param max_importance_weight: truncation of the inner-loop importance weights (``None``: none
         but the overflow guard)
     :param use_filter: ``False``: average every agent's gradient (no protection)

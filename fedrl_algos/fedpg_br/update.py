@@ -232,7 +232,7 @@ class FedPGBRUpdate:
     :param delta: δ
     :param max_byzantine_fraction: α
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"``, ``"mean"`` or ``None``
+    :param baseline: ``"loo"``, ``"mean"``, ``None`` or ``"linear"`` (:data:`~fedrl_algos.core.gpomdp.BASELINES`)
     :param max_importance_weight: truncation of ω (``None``: only the overflow guard)
     :param use_filter: ``False`` keeps every agent (the unprotected baseline)
     :param attack: what the Byzantine agents do

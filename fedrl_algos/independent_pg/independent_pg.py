@@ -14,6 +14,7 @@ from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import own_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.directions import PolicyGradient, check_step_size
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_estimator_and_baseline
 from fedrl_algos.independent_pg.protocol import IndependentPGProtocol
 from fedrl_algos.independent_pg.update import independent_pg_steps
 from fedrl_algos.policies import FlatPolicy
@@ -51,6 +52,10 @@ class IndependentPG(FederatedAlgorithm):
         Gymnasium env's ``max_episode_steps − 1``)
     :param normalize_observations: SB3 ``VecNormalize`` observation normalization, statistics
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
+    :param baseline: baseline of each step's GPOMDP estimate: ``None`` (default, the paper's eq. (2)
+        estimate ``Σ_h ∇log π R^h``), ``"loo"`` (leave-one-out time-dependent mean, unbiased),
+        ``"mean"`` or ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased;
+        :mod:`fedrl_algos.core.baselines`). Saved with the model; files saved without it load as ``None``
     """
 
     round_protocol: ClassVar[type[RoundProtocol] | None] = IndependentPGProtocol
@@ -76,9 +81,12 @@ class IndependentPG(FederatedAlgorithm):
         n_agents: int | None = None,
         horizon: int | None = None,
         normalize_observations: bool = False,
+        baseline: str | None = None,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = check_step_size("step_size", step_size)
+        check_estimator_and_baseline("gpomdp", baseline)
+        self.baseline = baseline
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
         self.local_steps = check_int("local_steps", local_steps)
         super().__init__(
@@ -100,10 +108,19 @@ class IndependentPG(FederatedAlgorithm):
 
     def _setup_model(self) -> None:
         super()._setup_model()
-        self.estimator = PolicyGradient(self.policy, self.gamma, self.n_trajectories, name="independent")
+        self.estimator = self._make_estimator()
         if self.__dict__.get("agent_theta") is None:
             self.agent_theta = self.policy.theta.detach().expand(self.n_agents, -1).clone()
         self.agent_theta = self.agent_theta.to(self.device)
+
+    def _make_estimator(self) -> PolicyGradient | ScoreFunctionGradient:
+        """Eq. (2)'s plain estimate without a baseline (bitwise the paper's), GPOMDP with one."""
+        baseline = self.__dict__.get("baseline")
+        if baseline is None:
+            return PolicyGradient(self.policy, self.gamma, self.n_trajectories, name="independent")
+        estimator = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, "gpomdp", baseline)
+        estimator.name = "independent"
+        return estimator
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "estimator"]

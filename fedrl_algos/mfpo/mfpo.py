@@ -58,7 +58,8 @@ class MFPO(FederatedAlgorithm):
     :param initial_trajectories: D̃, trajectories of the initial direction (default ``D·K``, as
         Theorem 1)
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"`` or ``None``
+    :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"``, ``None`` or
+        ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased; :mod:`fedrl_algos.core.baselines`)
     :param max_importance_weight: truncation of importance weights (default 2; ``None``: none but
         the overflow guard)
     :param self_normalize_weights: self-normalize importance weights per agent batch

@@ -145,7 +145,7 @@ class MFPOUpdate:
     :param step_size: ``t -> α_t``
     :param momentum: ``(t, α_t) -> ν_t``
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"``, ``"mean"`` or ``None``
+    :param baseline: ``"loo"``, ``"mean"``, ``None`` or ``"linear"`` (:data:`~fedrl_algos.core.gpomdp.BASELINES`)
     :param max_importance_weight: truncation of the importance weights (``None``: only the
         overflow guard); see :func:`~fedrl_algos.core.gpomdp.importance_weights`
     :param self_normalize: self-normalize the importance weights over each agent's batch

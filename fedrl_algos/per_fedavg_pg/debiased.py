@@ -11,7 +11,8 @@ trajectories. The debiased objective is the return after the adaptation step tha
     F_i^D(θ) = E_{D_in ~ p(·; θ)} [ J_i(θ̃) ],   θ̃ = θ + α ĝ_in(D_in; θ),
 
 where ``D_in`` is ``m_in`` trajectories sampled with θ and ``ĝ_in(D; θ) = (1/m) Σ_j Σ_h ψ_{j,h} ∇log π(a_{j,h}|s_{j,h}; θ)``
-(``ψ``: reward-to-go, or reward-to-go minus a batch baseline, functions of D's rewards only). Both
+(``ψ``: reward-to-go, or reward-to-go minus a batch baseline — functions of D's rewards, and for
+``"linear"`` of D's observations, never of θ). Both
 θ̃ and the *distribution* of ``D_in`` depend on θ, so (differentiating ``Σ_D p(D; θ) J(θ̃(D, θ))``)
 
     ∇F_i^D(θ) = E_{D_in} [ (I + α ∇_θ ĝ_in(D_in; θ)) ∇J_i(θ̃) + J_i(θ̃) Σ_{ξ∈D_in} ∇log q(ξ; θ) ],
@@ -118,10 +119,10 @@ class DebiasedMetaGradient(_MetaBase):
     :param alpha: adaptation step size α (a number, or a tensor broadcastable to θ)
     :param m_in: inner batch
     :param m_out: outer batch
-    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``/``"mean"``:
+    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``/``"mean"``/``"linear"``:
         :mod:`fedrl_algos.core.adaptation`); it defines the objective (the step that is taken)
     :param score_baseline: baseline of the score-function term (``"loo"`` or ``None``)
-    :param outer_baseline: baseline of ĝ_out (``None``: eq. (2); ``"loo"``/``"mean"``); the
+    :param outer_baseline: baseline of ĝ_out (``None``: eq. (2); ``"loo"``/``"mean"``/``"linear"``); the
         objective is unchanged
     """
 

@@ -98,7 +98,9 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     :param adaptation_baseline: baseline of every adaptation gradient ĝ_in — the inner step of
         training, the logged evaluation and :meth:`adapt`: ``"loo"`` (default: time-dependent mean
         reward-to-go of the other trajectories of the batch; unbiased, lower variance), ``None``
-        (the paper's eq. (2)) or ``"mean"`` (including the trajectory itself; biased by O(1/m))
+        (the paper's eq. (2)), ``"mean"`` (including the trajectory itself; biased by O(1/m)) or
+        ``"linear"`` (garage's linear feature baseline of the state and time step, fitted on the other
+        folds of the batch: unbiased; :mod:`fedrl_algos.core.baselines`)
     :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"auto"`` (default:
         ``"causal"`` where there is a curvature term — ``variant="exact"``, ``objective="paper"`` —
         and ``"paper"`` otherwise), ``"paper"`` (eq. (3)), ``"causal"`` (Hessian of a
@@ -108,7 +110,7 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         ``variant="exact"`` and ``objective="paper"``. Saved with the model; files saved without it
         load as ``"paper"``
     :param outer_baseline: baseline of the outer gradient ĝ_out of training (at the adapted
-        parameters): ``"loo"`` (default, unbiased), ``None`` (eq. (2)) or ``"mean"``, as
+        parameters): ``"loo"`` (default, unbiased), ``None`` (eq. (2)), ``"mean"`` or ``"linear"``, as
         ``adaptation_baseline``. The exact variant multiplies ĝ_out by ``I + αĤ``, so a less noisy
         ĝ_out also makes the curvature term less noisy. Saved with the model; files saved without it
         load as ``None``

@@ -102,7 +102,7 @@ class ExactMetaGradient(_MetaBase):
     :param m_h: Hessian batch
     :param m_out: outer batch
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product
-    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``: :mod:`fedrl_algos.core.adaptation`)
+    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``, ``"linear"``: :mod:`fedrl_algos.core.adaptation`)
     :param curvature: ``"paper"``, ``"causal"`` or ``"lvc"`` (:data:`~fedrl_algos.core.curvature.CURVATURES`)
     :param outer_baseline: baseline of ĝ_out, as ``inner_baseline`` (it multiplies ``Ĥ``: a less
         noisy ĝ_out makes ``Ĥ ĝ_out`` less noisy too)
