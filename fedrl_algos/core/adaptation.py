@@ -40,6 +40,9 @@ def check_adaptation_baseline(baseline: Any, name: str = "adaptation_baseline") 
     """``baseline`` if it is one of :data:`ADAPTATION_BASELINES`, else a ``ValueError`` naming ``name``."""
     if baseline is not None and not isinstance(baseline, str):
         raise TypeError(f"{name} must be None or one of {ADAPTATION_BASELINES[1:]}, got {type(baseline).__name__}")
+    if baseline == "critic":
+        raise ValueError(f"{name} must be one of {ADAPTATION_BASELINES}, got 'critic': baseline='critic' (a learned value "
+                         "function with GAE) is not supported by PerFedAvgPG yet")
     if baseline not in ADAPTATION_BASELINES:
         raise ValueError(f"{name} must be one of {ADAPTATION_BASELINES}, got {baseline!r}")
     return baseline

@@ -7,14 +7,17 @@ The update is :mod:`fedrl_algos.mfpo.update`. Docs: ``docs/algorithms/mfpo.md``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
+from gymnasium import spaces as gym_spaces
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
+from fedrl_algos.core.critic import CriticState, MlpCritic, check_critic_settings
 from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
@@ -28,6 +31,9 @@ __all__ = ["MFPO"]
 # The paper's schedules (section VI-A3); frozen dataclasses, so one shared default is safe.
 _PAPER_STEP_SIZE = ExponentialStepSize()
 _PAPER_MOMENTUM = MomentumSchedule()
+#: the model's fields of every agent's critic (``baseline="critic"``), saved with it
+_CRITIC_FIELDS = ("agent_critic_phi", "agent_critic_adam_step", "agent_critic_adam_first", "agent_critic_adam_second",
+                  "agent_critic_mean", "agent_critic_scale")
 
 
 class MFPO(FederatedAlgorithm):
@@ -60,6 +66,8 @@ class MFPO(FederatedAlgorithm):
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
     :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"``, ``None`` or
         ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased; :mod:`fedrl_algos.core.baselines`)
+        or ``"critic"`` (a learned value function per agent with GAE(λ) advantages, fitted after
+        each batch is weighted: unbiased with λ = 1; :mod:`fedrl_algos.core.critic`). GPOMDP only
     :param max_importance_weight: truncation of importance weights (default 2; ``None``: none but
         the overflow guard)
     :param self_normalize_weights: self-normalize importance weights per agent batch
@@ -92,6 +100,17 @@ class MFPO(FederatedAlgorithm):
         ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
         weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
         :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
+    :param gae_lambda: λ of GAE with ``baseline="critic"`` (default 1: GPOMDP with the state-dependent
+        baseline ``γ^h V(s_h)``, unbiased; SB3's 0.95 has less variance and a bias)
+    :param n_critic_epochs: full-batch Adam steps of the critic's regression per local step
+    :param critic_learning_rate: their step size
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; the flat MLP policies
+        take a list ``net_arch``, so the critic's sizes are their own argument)
+    :param critic_activation: ``"tanh"`` (default) or ``"relu"``
+    :param critic_aggregation: the federated rule for φ: ``"local"`` (default: each agent keeps its
+        own critic: heterogeneous agents have different value functions, and the value of the
+        averaged policy is not the average of the values) or ``"average"`` (the server averages
+        φ with θ each round)
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -132,6 +151,12 @@ class MFPO(FederatedAlgorithm):
         normalize_observations: bool = False,
         optimizer: str = "sgd",
         discounting: str = "absolute",
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
+        critic_net_arch: Sequence[int] | None = None,
+        critic_activation: str = "tanh",
+        critic_aggregation: str = "local",
         _init_setup_model: bool = True,
     ) -> None:
         self.optimizer = check_server_optimizer("optimizer", optimizer)
@@ -142,8 +167,18 @@ class MFPO(FederatedAlgorithm):
         if initial_trajectories is None:
             initial_trajectories = self.n_trajectories * self.local_steps
         self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
-        check_estimator_and_baseline(estimator, baseline)
+        if baseline == "critic":
+            if estimator != "gpomdp":
+                raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
+            check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
+            critic_net_arch = [64, 64] if critic_net_arch is None else critic_net_arch
+            MlpCritic(1, critic_net_arch, critic_activation)  # checks the architecture's arguments
+            critic_net_arch = list(critic_net_arch)
+        else:
+            check_estimator_and_baseline(estimator, baseline)
         self.estimator_name, self.baseline = estimator, baseline
+        self.gae_lambda, self.n_critic_epochs, self.critic_learning_rate = float(gae_lambda), n_critic_epochs, float(critic_learning_rate)
+        self.critic_net_arch, self.critic_activation, self.critic_aggregation = critic_net_arch, critic_activation, critic_aggregation
         self.discounting = check_discounting(estimator, discounting)
         if max_importance_weight is not None and not (
             isinstance(max_importance_weight, int | float) and not isinstance(max_importance_weight, bool) and max_importance_weight >= 1.0
@@ -191,6 +226,11 @@ class MFPO(FederatedAlgorithm):
             self.__dict__.get("normalize_advantage", False),
             self._optimizer,
             self.__dict__.get("discounting", "absolute"),
+            self._make_critic(),
+            self.__dict__.get("gae_lambda", 1.0),
+            self.__dict__.get("n_critic_epochs", 5),
+            self.__dict__.get("critic_learning_rate", 1e-3),
+            self.__dict__.get("critic_aggregation", "local"),
         )
         d, dtype = self.policy.n_params, self.policy.theta.dtype
         if self.__dict__.get("agent_direction") is None:
@@ -206,6 +246,38 @@ class MFPO(FederatedAlgorithm):
                 self.agent_adam_second = torch.zeros(self.n_agents, d, dtype=dtype)
             self.agent_adam_step, self.agent_adam_first, self.agent_adam_second = (
                 x.to(self.device) for x in (self.agent_adam_step, self.agent_adam_first, self.agent_adam_second))
+        if self.update.critic is not None:
+            if self.__dict__.get("agent_critic_phi") is None:
+                phi = self.update.critic.initial_phi(self.seed, dtype).expand(self.n_agents, -1).clone()
+                self._keep_critic(self.update.critic.initial_state(phi))
+            for name in _CRITIC_FIELDS:
+                setattr(self, name, getattr(self, name).to(self.device))
+
+    def _make_critic(self) -> MlpCritic | None:
+        """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
+        if self.baseline != "critic":
+            return None
+        space = self.observation_space
+        discrete = isinstance(space, gym_spaces.Discrete)
+        n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
+        return MlpCritic(n_inputs, self.critic_net_arch, self.critic_activation, discrete)
+
+    def _keep_critic(self, critic: CriticState) -> None:
+        """Store every agent's critic (batch ``[1, n]`` or ``[n]``) in the model's saved fields."""
+        phi, moments, mean, scale = critic
+        values = (phi, moments.step, moments.first, moments.second, mean, scale)
+        for name, value in zip(_CRITIC_FIELDS, values, strict=True):
+            setattr(self, name, value.reshape(self.n_agents, *value.shape[phi.dim() - 1:]).clone())
+
+    @property
+    def critic_state(self) -> CriticState | None:
+        """Every agent's critic (batch ``[1, n]``) with ``baseline="critic"``, else ``None``."""
+        if self.baseline != "critic":
+            return None
+        return CriticState(self.agent_critic_phi.unsqueeze(0),
+                           AdamState(self.agent_critic_adam_step.unsqueeze(0), self.agent_critic_adam_first.unsqueeze(0),
+                                     self.agent_critic_adam_second.unsqueeze(0)),
+                           self.agent_critic_mean.unsqueeze(0), self.agent_critic_scale.unsqueeze(0))
 
     @property
     def _optimizer(self) -> str:
@@ -217,6 +289,8 @@ class MFPO(FederatedAlgorithm):
         variables = [*variables, "agent_direction", "agent_theta_prev"]
         if self._optimizer == "adam":  # only then: files of the paper's MFPO keep their fields
             variables += ["agent_adam_step", "agent_adam_first", "agent_adam_second"]
+        if self.baseline == "critic":  # only then: other files keep their fields
+            variables += list(_CRITIC_FIELDS)
         return state_dicts, variables
 
     def _excluded_save_params(self) -> list[str]:
@@ -230,7 +304,8 @@ class MFPO(FederatedAlgorithm):
         moments = None
         if self._optimizer == "adam":
             moments = AdamState(self.agent_adam_step.unsqueeze(0), self.agent_adam_first.unsqueeze(0), self.agent_adam_second.unsqueeze(0))
-        return MFPOState(theta.clone(), self.agent_direction.unsqueeze(0), self.agent_theta_prev.unsqueeze(0), self.local_step, moments)
+        return MFPOState(theta.clone(), self.agent_direction.unsqueeze(0), self.agent_theta_prev.unsqueeze(0), self.local_step, moments,
+                         self.critic_state)
 
     @property
     def trajectories_per_round(self) -> int:
@@ -254,6 +329,8 @@ class MFPO(FederatedAlgorithm):
         self.agent_theta_prev = state.theta_prev[0].clone()
         if state.moments is not None:
             self.agent_adam_step, self.agent_adam_first, self.agent_adam_second = (x[0].clone() for x in state.moments)
+        if state.critic is not None:
+            self._keep_critic(state.critic)
         self.local_step = state.step
         if first:  # the initial direction used D̃ trajectories instead of D
             self.trajectories_per_agent += self.initial_trajectories - self.n_trajectories

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
+from fedrl_algos.core.critic import CriticState, MlpCritic, check_critic_settings, critic_step_weights
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, normalize_step_weights, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 
 __all__ = ["MFPOState", "MFPOUpdate", "adam_server_step", "ascend", "momentum_direction", "server_step"]
@@ -30,6 +31,7 @@ class MFPOState(NamedTuple):
     :param step: local steps done so far (the next step is ``t = step + 1``)
     :param moments: every agent's Adam state (batch ``[*R, n]``) with ``optimizer="adam"``;
         ``None`` with the paper's plain steps
+    :param critic: every agent's critic (batch ``[*R, n]``) with ``baseline="critic"``, else ``None``
     """
 
     theta: torch.Tensor
@@ -37,6 +39,7 @@ class MFPOState(NamedTuple):
     theta_prev: torch.Tensor
     step: int
     moments: AdamState | None = None
+    critic: CriticState | None = None
 
     @classmethod
     def initial(cls, theta: torch.Tensor, n_agents: int, optimizer: str = "sgd") -> MFPOState:
@@ -158,6 +161,16 @@ class MFPOUpdate:
     :param optimizer: ``"sgd"``: the paper's steps ``θ ← θ + α_t ũ`` (eq. 5 and 7); ``"adam"``: Adam
         steps of size α_t along ũ, the agents' Adam moments averaged by the server with the
         directions (the state's ``moments``; not the paper's, see ``docs/algorithms/mfpo.md``)
+    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic`);
+        the state's ``critic`` holds every agent's φ. Each local step weights its batch with the
+        critic fitted on the earlier batches (GAE(λ), :func:`~fedrl_algos.core.critic.critic_step_weights`),
+        g and the importance-weighted g_prev of eq. (3) share those weights (the same critic values),
+        and only then is the critic fitted on the batch (so the λ = 1 estimate stays unbiased)
+    :param gae_lambda: λ of GAE (1: unbiased)
+    :param n_critic_epochs: full-batch Adam steps of the critic's fit per local step
+    :param critic_learning_rate: their step size
+    :param critic_aggregation: ``"local"`` (each agent keeps its φ) or ``"average"`` (the server
+        averages φ, after bringing every agent to common output statistics, with θ each round)
     """
 
     def __init__(
@@ -176,8 +189,26 @@ class MFPOUpdate:
         normalize_advantage: bool = False,
         optimizer: str = "sgd",
         discounting: str = "absolute",
+        critic: MlpCritic | None = None,
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
+        critic_aggregation: str = "local",
     ) -> None:
         self.policy = policy
+        if baseline == "critic":
+            if critic is None:
+                raise ValueError("baseline='critic' needs critic (an MlpCritic), got None")
+            if estimator != "gpomdp":
+                raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
+            check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
+            self.critic = critic
+            baseline = None  # the estimators below only sample; the weights come from the critic
+        else:
+            self.critic = None
+        self.gamma, self.discounting, self.normalize_advantage = gamma, discounting, normalize_advantage
+        self.gae_lambda, self.n_critic_epochs = float(gae_lambda), n_critic_epochs
+        self.critic_learning_rate, self.critic_aggregation = float(critic_learning_rate), critic_aggregation
         self.optimizer = check_server_optimizer("optimizer", optimizer)
         self.local_steps = local_steps
         self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage, discounting)
@@ -214,7 +245,24 @@ class MFPOUpdate:
         else:
             new = self._global_phase(theta, direction, alpha, t, state if round_start is None else round_start, on_reject,
                                      self._moments(state))
-        return new, info
+            if self.critic is not None and self.critic_aggregation == "average":
+                info["critic"] = self.average_critic(info["critic"])
+        return new._replace(critic=info.pop("critic", None)), info
+
+    def average_critic(self, critic: CriticState) -> CriticState:
+        """The server's rule ``critic_aggregation="average"``: every agent's output layer is brought
+        to the agents' mean statistics (μ̄, σ̄; V unchanged), then φ and the fit's Adam moments are
+        averaged over the agents and broadcast (batch ``[*R, n]``)."""
+        mean = critic.mean.mean(-1, keepdim=True).expand_as(critic.mean)
+        scale = critic.scale.mean(-1, keepdim=True).expand_as(critic.scale)
+        common = self.critic._renormalize(critic, mean, scale)
+
+        def avg(x: torch.Tensor) -> torch.Tensor:
+            return x.mean(-2, keepdim=True).expand_as(x).clone()
+
+        m = common.moments
+        step = m.step.amax(-1, keepdim=True).expand_as(m.step).clone()
+        return CriticState(avg(common.phi), AdamState(step, avg(m.first), avg(m.second)), mean.clone(), scale.clone())
 
     def _moments(self, state: MFPOState) -> AdamState | None:
         """The agents' Adam state of ``state`` (zeros when it holds none), ``None`` for plain steps."""
@@ -235,10 +283,11 @@ class MFPOUpdate:
         info: dict[str, Any] = {"alpha": alpha, "nu": nu, "weight_mean": None, "weight_max": None, "clipped_fraction": None}
         if t == 1:
             traj = sampler(theta, self.initial.m)
-            direction = score_gradient(self.policy, theta, traj, self.initial.weights(traj))
+            psi = self._weights(self.initial, traj, state, info)
+            direction = score_gradient(self.policy, theta, traj, psi)
         else:
             traj = sampler(theta, self.local.m)
-            psi = self.local.weights(traj)
+            psi = self._weights(self.local, traj, state, info)
             if nu == 0.0:
                 direction = score_gradient(self.policy, theta, traj, psi)
             else:
@@ -247,10 +296,26 @@ class MFPOUpdate:
                 )
                 direction = momentum_direction(g, g_prev, state.direction, nu)
                 info.update(weight_mean=float(w.mean()), weight_max=float(w.max()), clipped_fraction=float(clipped.float().mean()))
+        if self.critic is not None:  # fitted after the batch is weighted: batch k's critic saw batches < k only
+            info["critic"] = self.critic.fit(state.critic, traj.obs, info.pop("critic_targets"), traj.mask,
+                                             self.n_critic_epochs, self.critic_learning_rate)
         info["return"] = traj.rewards.sum(-1).mean(-1)
         info["env_steps"] = traj.mask.sum((-1, -2))
         info["trajectories"] = traj.n_trajectories
         return theta, direction, info
+
+    def _weights(self, estimator: ScoreFunctionGradient, traj, state: MFPOState, info: dict[str, Any]) -> torch.Tensor:
+        """ψ of a batch: the estimator's, or GAE(λ) with the state's critic (its regression targets
+        kept in ``info["critic_targets"]`` for the fit after the step)."""
+        if self.critic is None:
+            return estimator.weights(traj)
+        if state.critic is None:
+            raise ValueError("baseline='critic' needs the agents' critic in the state (MFPOState.critic), got None")
+        with torch.no_grad():
+            values = self.critic.values(state.critic, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
+            psi, targets = critic_step_weights(values, traj.rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
+        info["critic_targets"] = targets
+        return normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi
 
     def agent_phase(self, sampler, state: MFPOState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """The agent side of one round (one Flower client's work): the ``K − 1`` local steps

@@ -1,0 +1,234 @@
+"""A learned value function V_φ(s) per agent with GAE(λ) advantages (``baseline="critic"``).
+
+**The critic.** An MLP ``V_φ(s)`` (SB3's value network: hidden layers ``net_arch``, tanh by default,
+a linear output) whose parameters are one flat tensor per agent, ``φ [*B, d_φ]`` (``B``: runs ×
+agents), evaluated for every agent at once by batched matmuls over the leading axes (no loop over
+agents or trajectories). Integer (``Discrete``) observations, such as the gridworld's state index,
+are one-hot encoded; with ``net_arch=[]`` the critic is then a table. The output is
+PopArt-normalised (van Hasselt et al., 2016): ``V(s) = μ + σ·f_φ(s)`` with per-agent target
+statistics ``μ, σ`` set to the last fitted batch's, the output layer rescaled so that a change of
+statistics leaves V unchanged; the network itself fits targets of order 1 whatever the reward
+scale (Pendulum's values are near −500; a zero-initialised output moved by Adam steps of 1e-3
+would need thousands of steps to get there).
+
+**The advantages: GAE(λ)** (Schulman et al., 2016), per step, with the episode mask:
+``δ_h = r_h + γ·mask_{h+1}·V(s_{h+1}) − V(s_h)`` and ``A_h = Σ_l (γλ)^l δ_{h+l}``. After termination
+V is 0 (``mask_{h+1} = 0``). **At the fixed-horizon truncation (the last step ``T − 1``) nothing is
+bootstrapped:** ``V(s_T) = 0``. The objective of every federation here is the finite-horizon
+return ``J = E Σ_{h<T} γ^h r_h`` (GPOMDP's rewards-to-go stop at ``T − 1`` too), so a bootstrap
+would add a term that is not in J (and a bias with λ = 1); the trajectories do not hold ``s_T``
+either. With λ = 1 the sum telescopes: ``A_h = G^h − V(s_h)`` with ``G^h = Σ_{t≥h} γ^(t−h) r_t``.
+
+**The step weights** of the papers' absolute-discounted estimator are ``ψ_h = γ^h A_h`` (``A_h`` with
+``discounting="relative"``). With λ = 1 this is GPOMDP with the state-dependent baseline
+``γ^h V(s_h)``: unbiased whenever V does not depend on the batch it weights. The library therefore
+**fits the critic after the batch's weights are computed**: the critic that weights batch k was
+fitted on batches < k only, and is independent of batch k. λ < 1 (SB3's 0.95) trades that
+unbiasedness for less variance.
+
+**The fit**: ``n_epochs`` full-batch Adam steps of size ``lr`` on the mean squared error between
+``f_φ(s_h)`` and the normalised λ-returns ``(A_h + V(s_h) − μ)/σ`` over the running steps — each
+agent on its own batch, all agents in one autograd call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from fedrl_algos.core.optim import AdamState, adam_ascent
+
+__all__ = [
+    "CRITIC_AGGREGATIONS",
+    "CRITIC_ACTIVATIONS",
+    "CriticState",
+    "MlpCritic",
+    "check_critic_settings",
+    "gae",
+    "critic_step_weights",
+]
+
+#: federated rules for φ: ``"local"`` (each agent keeps its own), ``"average"`` (the server averages φ with θ)
+CRITIC_AGGREGATIONS = ("local", "average")
+#: hidden activations of the critic
+CRITIC_ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}
+#: the smallest target scale σ of the output normalisation
+MIN_SCALE = 1e-3
+
+
+class CriticState(NamedTuple):
+    """Every agent's critic; batch ``[*B]``.
+
+    :param phi: the network's parameters ``[*B, d_φ]``
+    :param moments: the Adam state of the fit (batch ``[*B]``; ``step`` counts the fits' Adam steps)
+    :param mean: μ of the output normalisation ``[*B]``
+    :param scale: σ of the output normalisation ``[*B]``
+    """
+
+    phi: torch.Tensor
+    moments: AdamState
+    mean: torch.Tensor
+    scale: torch.Tensor
+
+
+def check_critic_settings(gae_lambda: float, n_critic_epochs: int, critic_learning_rate: float, critic_aggregation: str) -> None:
+    """``ValueError`` naming the argument unless every critic setting is valid."""
+    if isinstance(gae_lambda, bool) or not isinstance(gae_lambda, int | float) or not 0.0 <= gae_lambda <= 1.0:
+        raise ValueError(f"gae_lambda must be a number in [0, 1], got {gae_lambda!r}")
+    if isinstance(n_critic_epochs, bool) or not isinstance(n_critic_epochs, int) or n_critic_epochs < 0:
+        raise ValueError(f"n_critic_epochs must be an int >= 0, got {n_critic_epochs!r}")
+    if isinstance(critic_learning_rate, bool) or not isinstance(critic_learning_rate, int | float) or not critic_learning_rate > 0:
+        raise ValueError(f"critic_learning_rate must be a number > 0, got {critic_learning_rate!r}")
+    if critic_aggregation not in CRITIC_AGGREGATIONS:
+        raise ValueError(f"critic_aggregation must be one of {CRITIC_AGGREGATIONS}, got {critic_aggregation!r}")
+
+
+class MlpCritic:
+    """The value network ``f_φ`` of every agent, φ flat ``[*B, d_φ]`` (see the module docstring).
+
+    :param n_inputs: observation size (for ``discrete``: the number of states)
+    :param net_arch: hidden layer sizes (default ``[64, 64]``, SB3's ``vf``)
+    :param activation: ``"tanh"`` (default, SB3's) or ``"relu"``
+    :param discrete: observations are integer state indices, one-hot encoded
+    """
+
+    def __init__(self, n_inputs: int, net_arch: Sequence[int] = (64, 64), activation: str = "tanh", discrete: bool = False) -> None:
+        if isinstance(net_arch, str | bytes) or not isinstance(net_arch, Sequence) or not all(
+                isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in net_arch):
+            raise ValueError(f"critic_net_arch must be a list of hidden layer sizes (positive ints, e.g. [64, 64]), got {net_arch!r}")
+        if activation not in CRITIC_ACTIVATIONS:
+            raise ValueError(f"critic_activation must be one of {tuple(CRITIC_ACTIVATIONS)}, got {activation!r}")
+        self.n_inputs, self.net_arch, self.activation, self.discrete = int(n_inputs), [int(h) for h in net_arch], activation, bool(discrete)
+        self.sizes = [self.n_inputs, *self.net_arch, 1]
+        self.n_params = sum(i * o + o for i, o in zip(self.sizes[:-1], self.sizes[1:], strict=True))
+
+    def initial_phi(self, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """φ ``[d_φ]``: hidden weights N(0, 1/fan_in)·gain (SB3's orthogonal gain √2 in scale), zero
+        biases and a zero output layer (V = μ at the start), drawn from ``seed``."""
+        gen = torch.Generator().manual_seed(int(seed) % (2**63))
+        parts = []
+        for k, (i, o) in enumerate(zip(self.sizes[:-1], self.sizes[1:], strict=True)):
+            last = k == len(self.sizes) - 2
+            w = torch.zeros(i, o, dtype=torch.float64) if last else torch.randn(i, o, generator=gen, dtype=torch.float64) * math.sqrt(2.0 / i)
+            parts += [w.reshape(-1), torch.zeros(o, dtype=torch.float64)]
+        return torch.cat(parts).to(dtype)
+
+    def initial_state(self, phi: torch.Tensor) -> CriticState:
+        """A fresh :class:`CriticState` from φ ``[*B, d_φ]`` (zero Adam state, μ = 0, σ = 1)."""
+        batch = phi.shape[:-1]
+        return CriticState(phi, AdamState.zeros_like(phi), phi.new_zeros(batch), phi.new_ones(batch))
+
+    def _inputs(self, obs: torch.Tensor, batch_dims: int, dtype: torch.dtype) -> torch.Tensor:
+        lead = obs.shape[:batch_dims]
+        if self.discrete:
+            return torch.nn.functional.one_hot(obs.long().clamp(0, self.n_inputs - 1), self.n_inputs).to(dtype).reshape(*lead, self.n_inputs)
+        return obs.reshape(*lead, -1).to(dtype)
+
+    def network(self, phi: torch.Tensor, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        """``f_φ(s)`` of every step: ``[*B, m, T]`` from ``obs [*B, m, T, *obs_shape]`` (``batch_dims``
+        = 3 + len(B)), one batched matmul per layer over the leading axes ``[*B]``."""
+        batch = phi.shape[:-1]
+        lead = obs.shape[:batch_dims]
+        x = self._inputs(obs, batch_dims, phi.dtype).reshape(*batch, -1, self.n_inputs)  # [*B, m·T, in]
+        act = CRITIC_ACTIVATIONS[self.activation]
+        offset = 0
+        n_layers = len(self.sizes) - 1
+        for k, (i, o) in enumerate(zip(self.sizes[:-1], self.sizes[1:], strict=True)):
+            w = phi[..., offset:offset + i * o].reshape(*batch, i, o)
+            b = phi[..., offset + i * o:offset + i * o + o].unsqueeze(-2)
+            offset += i * o + o
+            x = x @ w + b
+            if k < n_layers - 1:
+                x = act(x)
+        return x.reshape(lead)
+
+    def values(self, state: CriticState, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        """``V(s) = μ + σ f_φ(s)``: ``[*B, m, T]``."""
+        f = self.network(state.phi, obs, batch_dims)
+        return state.mean[(...,) + (None,) * 2] + state.scale[(...,) + (None,) * 2] * f
+
+    def _renormalize(self, state: CriticState, mean: torch.Tensor, scale: torch.Tensor) -> CriticState:
+        """New statistics ``(mean, scale)`` with the output layer rescaled so that V is unchanged (PopArt)."""
+        i = self.sizes[-2]
+        ratio = (state.scale / scale).unsqueeze(-1)
+        phi = state.phi
+        w, b = phi[..., -i - 1:-1], phi[..., -1:]
+        new_b = (state.scale.unsqueeze(-1) * b + state.mean.unsqueeze(-1) - mean.unsqueeze(-1)) / scale.unsqueeze(-1)
+        phi = torch.cat((phi[..., :-i - 1], w * ratio, new_b), -1)
+        return CriticState(phi, state.moments, mean, scale)
+
+    def loss(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The regression loss of every row, in normalised units: the mean over running steps of
+        ``(f_φ(s) − (y − μ)/σ)²``, ``[*B]``."""
+        alive = (mask > 0).to(state.phi.dtype)
+        batch_dims = targets.dim()
+        y = (targets.to(state.phi.dtype) - state.mean[(...,) + (None,) * 2]) / state.scale[(...,) + (None,) * 2]
+        err = torch.where(alive > 0, self.network(state.phi, obs, batch_dims) - y, torch.zeros_like(y))
+        return (err**2).sum((-1, -2)) / alive.sum((-1, -2)).clamp(min=1)
+
+    def fit(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, n_epochs: int, lr: float
+            ) -> CriticState:
+        """Regress V on ``targets [*B, m, T]`` over the running steps: first the statistics μ, σ
+        become the batch's (the output layer rescaled, :meth:`_renormalize`), then ``n_epochs``
+        full-batch Adam steps of size ``lr`` on :meth:`loss`, every row on its own batch."""
+        with torch.no_grad():
+            alive = (mask > 0).to(state.phi.dtype)
+            y = targets.to(state.phi.dtype)
+            count = alive.sum((-1, -2)).clamp(min=1)
+            mean = (y * alive).sum((-1, -2)) / count
+            var = (((y - mean[(...,) + (None,) * 2]) * alive) ** 2).sum((-1, -2)) / count
+            has = alive.sum((-1, -2)) > 0
+            mean = torch.where(has, mean, state.mean)
+            scale = torch.where(has, var.sqrt().clamp(min=MIN_SCALE), state.scale)
+            state = self._renormalize(state, mean, scale)
+        phi, moments = state.phi.detach(), state.moments
+        for _ in range(n_epochs):
+            with torch.enable_grad():
+                p = phi.requires_grad_(True)
+                loss = self.loss(CriticState(p, moments, state.mean, state.scale), obs, targets, mask).sum()
+                (grad,) = torch.autograd.grad(loss, p)
+            phi, moments = adam_ascent(phi.detach(), -grad, moments, lr)
+        return CriticState(phi.detach(), moments, state.mean, state.scale)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:
+    """GAE(λ) advantages ``A_h = Σ_l (γλ)^l δ_{h+l}`` with ``δ_h = r_h + γ mask_{h+1} V(s_{h+1}) − V(s_h)``:
+    ``[*B, m, T]``, 0 where ``mask`` is 0. V is 0 after termination and at the truncation after the
+    last step (no bootstrap; see the module docstring). A loop over time steps only.
+
+    :param rewards: ``[*B, m, T]``
+    :param values: ``V(s_h)`` ``[*B, m, T]``
+    :param mask: ``[*B, m, T]``
+    :param gamma: γ
+    :param gae_lambda: λ in [0, 1]
+    """
+    alive = (mask > 0).to(values.dtype)
+    v = torch.where(alive > 0, values, torch.zeros_like(values))
+    r = torch.where(alive > 0, rewards.to(values.dtype), torch.zeros_like(v))
+    next_v = torch.cat((v[..., 1:], torch.zeros_like(v[..., :1])), -1)
+    delta = (r + gamma * next_v - v) * alive
+    adv = torch.zeros_like(v)
+    running = torch.zeros_like(v[..., 0])
+    for h in range(v.shape[-1] - 1, -1, -1):
+        running = delta[..., h] + gamma * gae_lambda * running * (alive[..., h + 1] if h + 1 < v.shape[-1] else 0.0)
+        adv[..., h] = running
+    return adv * alive
+
+
+def critic_step_weights(
+    values: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, gamma: float, gae_lambda: float, discounting: str = "absolute"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step weights ψ of GPOMDP with the critic and the critic's regression targets.
+
+    :return: ``ψ_h = γ^h A_h`` (``A_h`` with ``discounting="relative"``) ``[*B, m, T]`` and the
+        λ-returns ``A_h + V(s_h)`` ``[*B, m, T]``
+    """
+    adv = gae(rewards, values, mask, gamma, gae_lambda)
+    targets = (adv + values) * (mask > 0).to(values.dtype)
+    if discounting == "relative":
+        return adv, targets
+    discount = gamma ** torch.arange(adv.shape[-1], device=adv.device, dtype=adv.dtype)
+    return adv * discount, targets
