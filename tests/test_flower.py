@@ -390,6 +390,9 @@ def test_flower_fails_loudly():
     normalized = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=2, seed=0, device="cpu", horizon=20, normalize_observations=True)
     with pytest.raises(ValueError, match="normalize_observations"):
         simulate(normalized, num_rounds=1)
+    with_critic = MFPO("TabularPolicy", GRID, baseline="critic", local_steps=1, n_trajectories=2, seed=0, device="cpu")
+    with pytest.raises(ValueError, match="baseline='critic'.*not supported on Flower"):
+        simulate(with_critic, num_rounds=1)
     # ... and a federation whose every round is skipped raises, naming the first reason, instead of
     # returning an untrained model.
     plan = {(r, a): "raise" for r in (1, 2) for a in range(8)}

@@ -75,6 +75,9 @@ def agent_federation(model: Any, agent: int) -> Federation:
     """
     if model.__dict__.get("normalize_observations", False):
         raise ValueError("normalize_observations pools observation moments over every agent in-process; it is not supported on Flower")
+    if model.__dict__.get("baseline") == "critic":
+        raise ValueError("baseline='critic' keeps each agent's value function in the model; its messages do not carry it yet, so it "
+                         "is not supported on Flower (train it in one process, or use baseline='loo' or 'linear')")
     index = torch.tensor([int(agent)])
     if model.is_generic:
         layout = model.__dict__.get("generic_env_layout") or {}
