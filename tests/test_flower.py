@@ -50,6 +50,13 @@ def _models():
         "mfpo_adam": lambda: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=4, initial_trajectories=8,
                                   optimizer="adam", step_size=0.05, momentum=0.5),
         "fedpg_br": lambda: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", byzantine_agents=[3, 5], attack="sign_flip"),
+        # the cross-fitted linear baseline is stateless: nothing more travels with the messages
+        "mfpo_linear": lambda: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=6, initial_trajectories=8,
+                                    baseline="linear"),
+        "fedpg_br_linear": lambda: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", baseline="linear"),
+        "independent_pg_linear": lambda: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu", baseline="linear"),
+        "per_fedavg_pg_linear": lambda: PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu", local_steps=2,
+                                                    adaptation_baseline="linear", outer_baseline="linear"),
         # a Gymnasium id (not a fedrl family): each agent's environments are rebuilt on its client
         # and their random state travels with the messages
         "mfpo_gymnasium": lambda: MFPO("MlpPolicy", "CartPole-v1", n_agents=3, seed=1, device="cpu", local_steps=2,
@@ -207,7 +214,7 @@ def test_app_directory_is_a_valid_flower_app(tmp_path):
 # --- Flower's simulation engine -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3), ("mfpo_gymnasium", 2)])
+@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3), ("mfpo_gymnasium", 2), ("mfpo_linear", 2)])
 def test_simulation_equals_learn(name, rounds):
     make = _models()[name]
     reference = make().learn(total_rounds=rounds)

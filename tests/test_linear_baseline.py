@@ -118,15 +118,16 @@ def test_features_of_vector_and_discrete_observations():
         time_baseline(torch.zeros(1, 2, 3), torch.ones(1, 2, 3), "linear")
 
 
-def _loop_cross_fit(features: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, folds: int, ridge: float) -> np.ndarray:
-    """Leave-one-fold-out ridge fits by loops over rows, trajectories and steps (NumPy, float64)."""
+def _loop_cross_fit(features: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, folds: int, ridge: float, clip: bool) -> np.ndarray:
+    """Leave-one-fold-out ridge fits by loops over rows, trajectories and steps (NumPy, float64),
+    clipped to the range of the fitted targets."""
     x, y, a = features.numpy(), targets.double().numpy(), mask.numpy()
     *batch, m, steps, p = x.shape
     out = np.zeros((*batch, m, steps))
     k = min(folds, m)
     for row in np.ndindex(*batch):
         for j in range(m):
-            gram, moment = ridge * np.eye(p), np.zeros(p)
+            gram, moment, seen = ridge * np.eye(p), np.zeros(p), []
             for i in range(m):
                 if i % k == j % k:
                     continue
@@ -134,8 +135,11 @@ def _loop_cross_fit(features: torch.Tensor, targets: torch.Tensor, mask: torch.T
                     if a[row + (i, h)] > 0:
                         gram += np.outer(x[row + (i, h)], x[row + (i, h)])
                         moment += x[row + (i, h)] * y[row + (i, h)]
-            w = np.linalg.solve(gram, moment)
-            out[row + (j,)] = (x[row + (j,)] @ w) * (a[row + (j,)] > 0)
+                        seen.append(y[row + (i, h)])
+            b = x[row + (j,)] @ np.linalg.solve(gram, moment)
+            if clip:
+                b = np.clip(b, min(seen), max(seen)) if seen else np.zeros_like(b)
+            out[row + (j,)] = b * (a[row + (j,)] > 0)
     return out
 
 
@@ -145,8 +149,13 @@ def test_cross_fit_equals_leave_one_fold_out_by_loops(m, folds):
     assert (traj.mask == 0).any()  # episodes that ended early: their padded steps are not fitted
     targets = relative_rewards_to_go(traj.rewards, 0.99)
     features = linear_features(traj.obs, 3)
-    got = cross_fitted_linear_baseline(features, targets, traj.mask, folds, 1e-3)
-    np.testing.assert_allclose(got.numpy(), _loop_cross_fit(features, targets, traj.mask, folds, 1e-3), rtol=1e-7, atol=1e-8)
+    for clip in (True, False):
+        got = cross_fitted_linear_baseline(features, targets, traj.mask, folds, 1e-3, clip)
+        want = _loop_cross_fit(features, targets, traj.mask, folds, 1e-3, clip)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-7, atol=1e-8)
+    clipped = cross_fitted_linear_baseline(features, targets, traj.mask, folds)
+    unclipped = cross_fitted_linear_baseline(features, targets, traj.mask, folds, clip=False)
+    assert not torch.equal(clipped, unclipped)  # the short batches' fits do extrapolate
     assert torch.equal(cross_fitted_linear_baseline(features[:, :1], targets[:, :1], traj.mask[:, :1]), torch.zeros_like(targets[:, :1]))
     for bad in (1, 2.0, True):
         with pytest.raises(ValueError, match="folds"):
@@ -179,6 +188,31 @@ def test_the_baseline_of_a_trajectory_does_not_depend_on_it(tabular, grid_params
     assert torch.isfinite(b).all() and (b[:, 2, 9:] == 0).all()
     reference = cross_fitted_linear_baseline(linear_features(stopped.obs, 3, n_states=25), targets, stopped.mask)
     assert torch.equal(b, reference)
+
+
+def test_rows_and_folds_without_data_get_a_zero_baseline():
+    _, _, traj = _cartpole_batch((2,), m=6, seed=9)
+    targets = relative_rewards_to_go(traj.rewards, 0.99)
+    features = linear_features(traj.obs, 3)
+    only = torch.zeros_like(traj.mask)
+    only[0, 3] = traj.mask[0, 3]  # row 0: one running trajectory; row 1: none
+    b = cross_fitted_linear_baseline(features, targets, only)
+    assert torch.equal(b, torch.zeros_like(b))
+    two = only.clone()
+    two[0, 4] = traj.mask[0, 4]  # two trajectories in different folds: each fitted on the other
+    b = cross_fitted_linear_baseline(features, targets, two, 2)
+    running = targets[0, 4][traj.mask[0, 4] > 0]
+    assert (b[0, 3] != 0).any() and b[0, 3].max() <= running.max() and b[0, 3].min() >= min(running.min(), 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_equals_cpu():
+    policy, theta, traj = _cartpole_batch((2, 3), m=8, seed=12)
+    cuda = Trajectories(*(x.cuda() for x in traj))
+    for estimator in ("gpomdp", "reinforce"):
+        got = step_weights(cuda, 0.99, estimator, "linear")
+        assert got.device.type == "cuda"
+        assert torch.allclose(got.cpu(), step_weights(traj, 0.99, estimator, "linear"), rtol=1e-9, atol=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------
