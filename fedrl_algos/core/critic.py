@@ -29,23 +29,37 @@ unbiasedness for less variance.
 **The fit**: ``n_epochs`` full-batch Adam steps of size ``lr`` on the mean squared error between
 ``f_φ(s_h)`` and the normalised λ-returns ``(A_h + V(s_h) − μ)/σ`` over the running steps — each
 agent on its own batch, all agents in one autograd call.
+
+**In a federation**: :class:`CriticGradient` is the local direction (GPOMDP with these weights) of
+the federations that take plain local policy-gradient steps (FedAvg-PG, independent PG); it holds
+every agent's critic and fits it after each batch. The federated rule for φ
+(``critic_aggregation``) is applied by :func:`federate_critics` once per round: ``"local"`` keeps
+every agent's own critic (heterogeneous agents have different value functions), ``"average"``
+brings the agents to common output statistics and averages φ (:func:`average_critics`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
+from fedrl_algos.core.directions import GradientEstimator
+from fedrl_algos.core.gpomdp import normalize_step_weights, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent
+from fedrl_algos.core.trajectories import Trajectories
 
 __all__ = [
     "CRITIC_AGGREGATIONS",
     "CRITIC_ACTIVATIONS",
+    "CriticGradient",
     "CriticState",
     "MlpCritic",
+    "average_critics",
+    "federate_critics",
+    "select_critics",
     "check_critic_settings",
     "gae",
     "critic_step_weights",
@@ -232,3 +246,162 @@ def critic_step_weights(
         return adv, targets
     discount = gamma ** torch.arange(adv.shape[-1], device=adv.device, dtype=adv.dtype)
     return adv * discount, targets
+
+
+def select_critics(keep: torch.Tensor, new: CriticState, old: CriticState) -> CriticState:
+    """``new`` where ``keep [*B]`` (bool) is true, ``old`` elsewhere (batch ``[*B]``)."""
+    def pick(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.where(keep.reshape(*keep.shape, *([1] * (a.dim() - keep.dim()))), a, b)
+
+    return CriticState(pick(new.phi, old.phi), AdamState(*(pick(a, b) for a, b in zip(new.moments, old.moments, strict=True))),
+                       pick(new.mean, old.mean), pick(new.scale, old.scale))
+
+
+def average_critics(critic: MlpCritic, state: CriticState, weights: torch.Tensor | None = None) -> CriticState:
+    """The server's rule ``critic_aggregation="average"`` over the agent axis (the last batch axis):
+    every agent's output layer is brought to the agents' mean statistics (μ̄, σ̄; its V unchanged,
+    PopArt), then φ and the fit's Adam moments are averaged and broadcast to every agent (batch
+    ``[*R, n]``; the Adam step count is the largest).
+
+    :param critic: the value network
+    :param state: every agent's critic, batch ``[*R, n]``
+    :param weights: optional ``[*R, n]`` (e.g. the participation mask): a weighted mean over the
+        agents of positive weight (the step count their largest); a run whose weights are all 0
+        keeps ``state``
+    """
+    if weights is None:
+        mean = state.mean.mean(-1, keepdim=True).expand_as(state.mean)
+        scale = state.scale.mean(-1, keepdim=True).expand_as(state.scale)
+        common = critic._renormalize(state, mean, scale)
+
+        def avg(x: torch.Tensor) -> torch.Tensor:
+            return x.mean(-2, keepdim=True).expand_as(x).clone()
+
+        m = common.moments
+        step = m.step.amax(-1, keepdim=True).expand_as(m.step).clone()
+        return CriticState(avg(common.phi), AdamState(step, avg(m.first), avg(m.second)), mean.clone(), scale.clone())
+    w = weights.to(state.phi.dtype)
+    total = w.sum(-1, keepdim=True)
+    has = total > 0
+    safe = total.clamp(min=torch.finfo(w.dtype).tiny)
+    mean = torch.where(has, (w * state.mean).sum(-1, keepdim=True) / safe, state.mean.mean(-1, keepdim=True)).expand_as(state.mean)
+    scale = torch.where(has, (w * state.scale).sum(-1, keepdim=True) / safe, state.scale.mean(-1, keepdim=True)).expand_as(state.scale)
+    common = critic._renormalize(state, mean, scale)
+    wx = w.unsqueeze(-1)
+
+    def wavg(x: torch.Tensor) -> torch.Tensor:
+        x = torch.where(wx > 0, x, torch.zeros_like(x))  # an agent of weight 0 never leaks a NaN
+        return ((wx * x).sum(-2, keepdim=True) / safe.unsqueeze(-1)).expand_as(x).clone()
+
+    m = common.moments
+    step = torch.where(w > 0, m.step, torch.full_like(m.step, -math.inf)).amax(-1, keepdim=True).expand_as(m.step).clone()
+    averaged = CriticState(wavg(common.phi), AdamState(step, wavg(m.first), wavg(m.second)), mean.clone(), scale.clone())
+    return select_critics(has.expand_as(w), averaged, state)
+
+
+def federate_critics(
+    critic: MlpCritic, fitted: CriticState, start: CriticState, aggregation: str, participating: torch.Tensor | None = None
+) -> CriticState:
+    """Every agent's critic after a round, batch ``[*R, n]``: the agents that took part in the
+    round (``participating [*R, n]``, bool; ``None``: every agent) keep what they fitted, the
+    others their critic of the round's start (they may have been computed, with an attack or a
+    per-agent estimator, but did not take part); with ``aggregation="average"`` the server then
+    averages the participants' critics (:func:`average_critics`) and broadcasts the average to
+    every agent (a run without a participant keeps its critics).
+
+    :param critic: the value network
+    :param fitted: the critics after the round's fits
+    :param start: the critics at the round's start
+    :param aggregation: ``"local"`` or ``"average"`` (:data:`CRITIC_AGGREGATIONS`)
+    :param participating: the agents of the round (``None``: all)
+    """
+    if aggregation not in CRITIC_AGGREGATIONS:
+        raise ValueError(f"critic_aggregation must be one of {CRITIC_AGGREGATIONS}, got {aggregation!r}")
+    kept = fitted if participating is None else select_critics(participating, fitted, start)
+    if aggregation == "local":
+        return kept
+    return average_critics(critic, kept, None if participating is None else participating)
+
+
+class CriticGradient(GradientEstimator):
+    """GPOMDP with the critic's GAE(λ) step weights from ``m`` fresh trajectories at θ, fitting
+    every agent's critic after each batch (a stateful strategy object, ``baseline="critic"``).
+
+    A call samples a batch at ``theta [*B, d]``, weights it with the critic held in :attr:`state`
+    (batch ``[*B]``: runs × agents; :func:`critic_step_weights`), computes the score gradient
+    ``(1/m) Σ_j Σ_h ψ_{j,h} ∇log π`` (:func:`~fedrl_algos.core.gpomdp.score_gradient`) and only
+    then fits every row's critic on the batch (:meth:`MlpCritic.fit`), so the critic that
+    weights batch k saw batches < k only: with λ = 1 the estimate is unbiased. Rows are agents
+    of the whole federation (``per_agent_state``): client sampling computes every agent, and the
+    round keeps the fits of the participating agents only (:func:`federate_critics`).
+
+    :param policy: the flat policy
+    :param gamma: discount
+    :param m: trajectories per estimate
+    :param critic: the value network
+    :param gae_lambda: λ of GAE (1: unbiased)
+    :param n_epochs: full-batch Adam steps of the fit per batch
+    :param lr: their step size
+    :param state: every agent's critic (batch the rows of θ), or ``None`` until the caller sets :attr:`state`
+    :param normalize_advantage: divide the step weights by their standard deviation over each row
+    :param discounting: ``"absolute"`` (``ψ_h = γ^h A_h``, the gradient of J) or ``"relative"`` (``A_h``)
+    """
+
+    #: the critics are per agent of the federation ``[R, n]``
+    per_agent_state: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        policy,
+        gamma: float,
+        m: int,
+        critic: MlpCritic,
+        gae_lambda: float = 1.0,
+        n_epochs: int = 5,
+        lr: float = 1e-3,
+        state: CriticState | None = None,
+        normalize_advantage: bool = False,
+        discounting: str = "absolute",
+    ) -> None:
+        super().__init__(policy, gamma)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"m must be an int >= 1, got {m!r}")
+        check_critic_settings(gae_lambda, n_epochs, lr, "local")
+        self.m, self.critic, self.state = m, critic, state
+        self.gae_lambda, self.n_epochs, self.lr = float(gae_lambda), int(n_epochs), float(lr)
+        self.normalize_advantage, self.discounting = bool(normalize_advantage), discounting
+        self.name = "gpomdp"
+
+    @property
+    def trajectories_per_step(self) -> int:
+        return self.m
+
+    def _state_for(self, batch: torch.Size) -> CriticState:
+        if self.state is None:
+            raise ValueError("CriticGradient.state must hold every agent's critic before a call, got None")
+        if tuple(self.state.phi.shape[:-1]) != tuple(batch):
+            raise ValueError(f"CriticGradient.state must have the batch shape {tuple(batch)} of theta's rows, "
+                             f"got {tuple(self.state.phi.shape[:-1])}")
+        return self.state
+
+    def step_weights(self, traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+        """ψ of ``traj [*B, m, T]`` with the current critics and the fit's targets (nothing is fitted)."""
+        state = self._state_for(traj.rewards.shape[:-2])
+        with torch.no_grad():
+            values = self.critic.values(state, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
+            psi, targets = critic_step_weights(values, traj.rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
+        return (normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi), targets
+
+    def fit(self, traj: Trajectories, targets: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """Fit every row's critic on ``traj`` (its targets from :meth:`step_weights`); rows where
+        ``active [*B]`` is false keep theirs."""
+        state = self._state_for(traj.rewards.shape[:-2])
+        fitted = self.critic.fit(state, traj.obs, targets, traj.mask, self.n_epochs, self.lr)
+        self.state = fitted if active is None else select_critics(active, fitted, state)
+
+    def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:
+        traj = sampler(theta, self.m)
+        psi, targets = self.step_weights(traj)
+        direction = score_gradient(self.policy, theta, traj, psi)
+        self.fit(traj, targets)  # after the weights: batch k's critic saw batches < k only
+        return direction

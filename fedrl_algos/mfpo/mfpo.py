@@ -7,18 +7,16 @@ The update is :mod:`fedrl_algos.mfpo.update`. Docs: ``docs/algorithms/mfpo.md``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
-from gymnasium import spaces as gym_spaces
 
+from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
-from fedrl_algos.core.critic import CriticState, MlpCritic, check_critic_settings
-from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
+from fedrl_algos.core.gpomdp import check_discounting
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.protocol import MFPOProtocol
@@ -31,12 +29,9 @@ __all__ = ["MFPO"]
 # The paper's schedules (section VI-A3); frozen dataclasses, so one shared default is safe.
 _PAPER_STEP_SIZE = ExponentialStepSize()
 _PAPER_MOMENTUM = MomentumSchedule()
-#: the model's fields of every agent's critic (``baseline="critic"``), saved with it
-_CRITIC_FIELDS = ("agent_critic_phi", "agent_critic_adam_step", "agent_critic_adam_first", "agent_critic_adam_second",
-                  "agent_critic_mean", "agent_critic_scale")
 
 
-class MFPO(FederatedAlgorithm):
+class MFPO(AgentCriticMixin, FederatedAlgorithm):
     """Momentum-assisted federated policy optimization (MFPO).
 
     Every agent keeps a momentum direction ũ_i that is corrected with importance-weighted
@@ -167,18 +162,9 @@ class MFPO(FederatedAlgorithm):
         if initial_trajectories is None:
             initial_trajectories = self.n_trajectories * self.local_steps
         self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
-        if baseline == "critic":
-            if estimator != "gpomdp":
-                raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
-            check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
-            critic_net_arch = [64, 64] if critic_net_arch is None else critic_net_arch
-            MlpCritic(1, critic_net_arch, critic_activation)  # checks the architecture's arguments
-            critic_net_arch = list(critic_net_arch)
-        else:
-            check_estimator_and_baseline(estimator, baseline)
-        self.estimator_name, self.baseline = estimator, baseline
-        self.gae_lambda, self.n_critic_epochs, self.critic_learning_rate = float(gae_lambda), n_critic_epochs, float(critic_learning_rate)
-        self.critic_net_arch, self.critic_activation, self.critic_aggregation = critic_net_arch, critic_activation, critic_aggregation
+        self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
+                                  critic_activation, critic_aggregation)
+        self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         if max_importance_weight is not None and not (
             isinstance(max_importance_weight, int | float) and not isinstance(max_importance_weight, bool) and max_importance_weight >= 1.0
@@ -211,6 +197,7 @@ class MFPO(FederatedAlgorithm):
     # --- set-up --------------------------------------------------------------------------------
     def _setup_model(self) -> None:
         super()._setup_model()
+        critic = self._setup_agent_critic()
         self.update = MFPOUpdate(
             self.policy,
             self.gamma,
@@ -226,11 +213,11 @@ class MFPO(FederatedAlgorithm):
             self.__dict__.get("normalize_advantage", False),
             self._optimizer,
             self.__dict__.get("discounting", "absolute"),
-            self._make_critic(),
-            self.__dict__.get("gae_lambda", 1.0),
-            self.__dict__.get("n_critic_epochs", 5),
-            self.__dict__.get("critic_learning_rate", 1e-3),
-            self.__dict__.get("critic_aggregation", "local"),
+            critic,
+            self._critic_setting("gae_lambda"),
+            self._critic_setting("n_critic_epochs"),
+            self._critic_setting("critic_learning_rate"),
+            self._critic_setting("critic_aggregation"),
         )
         d, dtype = self.policy.n_params, self.policy.theta.dtype
         if self.__dict__.get("agent_direction") is None:
@@ -246,38 +233,6 @@ class MFPO(FederatedAlgorithm):
                 self.agent_adam_second = torch.zeros(self.n_agents, d, dtype=dtype)
             self.agent_adam_step, self.agent_adam_first, self.agent_adam_second = (
                 x.to(self.device) for x in (self.agent_adam_step, self.agent_adam_first, self.agent_adam_second))
-        if self.update.critic is not None:
-            if self.__dict__.get("agent_critic_phi") is None:
-                phi = self.update.critic.initial_phi(self.seed, dtype).expand(self.n_agents, -1).clone()
-                self._keep_critic(self.update.critic.initial_state(phi))
-            for name in _CRITIC_FIELDS:
-                setattr(self, name, getattr(self, name).to(self.device))
-
-    def _make_critic(self) -> MlpCritic | None:
-        """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
-        if self.baseline != "critic":
-            return None
-        space = self.observation_space
-        discrete = isinstance(space, gym_spaces.Discrete)
-        n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
-        return MlpCritic(n_inputs, self.critic_net_arch, self.critic_activation, discrete)
-
-    def _keep_critic(self, critic: CriticState) -> None:
-        """Store every agent's critic (batch ``[1, n]`` or ``[n]``) in the model's saved fields."""
-        phi, moments, mean, scale = critic
-        values = (phi, moments.step, moments.first, moments.second, mean, scale)
-        for name, value in zip(_CRITIC_FIELDS, values, strict=True):
-            setattr(self, name, value.reshape(self.n_agents, *value.shape[phi.dim() - 1:]).clone())
-
-    @property
-    def critic_state(self) -> CriticState | None:
-        """Every agent's critic (batch ``[1, n]``) with ``baseline="critic"``, else ``None``."""
-        if self.baseline != "critic":
-            return None
-        return CriticState(self.agent_critic_phi.unsqueeze(0),
-                           AdamState(self.agent_critic_adam_step.unsqueeze(0), self.agent_critic_adam_first.unsqueeze(0),
-                                     self.agent_critic_adam_second.unsqueeze(0)),
-                           self.agent_critic_mean.unsqueeze(0), self.agent_critic_scale.unsqueeze(0))
 
     @property
     def _optimizer(self) -> str:
@@ -289,8 +244,6 @@ class MFPO(FederatedAlgorithm):
         variables = [*variables, "agent_direction", "agent_theta_prev"]
         if self._optimizer == "adam":  # only then: files of the paper's MFPO keep their fields
             variables += ["agent_adam_step", "agent_adam_first", "agent_adam_second"]
-        if self.baseline == "critic":  # only then: other files keep their fields
-            variables += list(_CRITIC_FIELDS)
         return state_dicts, variables
 
     def _excluded_save_params(self) -> list[str]:

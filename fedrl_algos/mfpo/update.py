@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
-from fedrl_algos.core.critic import CriticState, MlpCritic, check_critic_settings, critic_step_weights
+from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics, check_critic_settings, critic_step_weights
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, normalize_step_weights, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 
@@ -252,17 +252,8 @@ class MFPOUpdate:
     def average_critic(self, critic: CriticState) -> CriticState:
         """The server's rule ``critic_aggregation="average"``: every agent's output layer is brought
         to the agents' mean statistics (μ̄, σ̄; V unchanged), then φ and the fit's Adam moments are
-        averaged over the agents and broadcast (batch ``[*R, n]``)."""
-        mean = critic.mean.mean(-1, keepdim=True).expand_as(critic.mean)
-        scale = critic.scale.mean(-1, keepdim=True).expand_as(critic.scale)
-        common = self.critic._renormalize(critic, mean, scale)
-
-        def avg(x: torch.Tensor) -> torch.Tensor:
-            return x.mean(-2, keepdim=True).expand_as(x).clone()
-
-        m = common.moments
-        step = m.step.amax(-1, keepdim=True).expand_as(m.step).clone()
-        return CriticState(avg(common.phi), AdamState(step, avg(m.first), avg(m.second)), mean.clone(), scale.clone())
+        averaged over the agents and broadcast (batch ``[*R, n]``; :func:`~fedrl_algos.core.critic.average_critics`)."""
+        return average_critics(self.critic, critic)
 
     def _moments(self, state: MFPOState) -> AdamState | None:
         """The agents' Adam state of ``state`` (zeros when it holds none), ``None`` for plain steps."""

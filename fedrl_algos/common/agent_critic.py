@@ -1,0 +1,132 @@
+"""Every agent's learned value function (``baseline="critic"``) kept with a federation's model.
+
+One mixin for every policy-gradient federation that offers the critic (MFPO, FedAvg-PG,
+independent PG, FedPG-BR): the constructor's checks and settings, the value network for the
+model's observations, every agent's critic as saved fields, and files saved without them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from gymnasium import spaces as gym_spaces
+
+from fedrl_algos.core.critic import CRITIC_AGGREGATIONS, CriticState, MlpCritic, check_critic_settings
+from fedrl_algos.core.gpomdp import check_estimator_and_baseline
+from fedrl_algos.core.optim import AdamState
+
+__all__ = ["AgentCriticMixin", "CRITIC_FIELDS", "CRITIC_SETTINGS"]
+
+#: the model's fields of every agent's critic (``baseline="critic"``), saved with it, each ``[n, ...]``
+CRITIC_FIELDS = ("agent_critic_phi", "agent_critic_adam_step", "agent_critic_adam_first", "agent_critic_adam_second",
+                 "agent_critic_mean", "agent_critic_scale")
+#: the critic's settings and their defaults (what files saved before them hold)
+CRITIC_SETTINGS: dict[str, Any] = {"gae_lambda": 1.0, "n_critic_epochs": 5, "critic_learning_rate": 1e-3, "critic_net_arch": None,
+                                   "critic_activation": "tanh", "critic_aggregation": "local"}
+
+
+class AgentCriticMixin:
+    """Keeps every agent's critic (``baseline="critic"``, :mod:`fedrl_algos.core.critic`) in the
+    model's saved fields :data:`CRITIC_FIELDS` (``[n, ...]``, mapped to the load device; only with the
+    critic, so other files keep their fields).
+
+    The class using it calls :meth:`_set_critic_settings` from its constructor (instead of
+    :func:`~fedrl_algos.core.gpomdp.check_estimator_and_baseline`) and :meth:`_setup_agent_critic`
+    from ``_setup_model`` once the policy exists. Each agent's critic starts from the same φ drawn
+    from the model's seed, with a zero output layer (V = 0).
+    """
+
+    #: the federated rules for φ this algorithm accepts (:data:`~fedrl_algos.core.critic.CRITIC_AGGREGATIONS`)
+    critic_aggregations: ClassVar[tuple[str, ...]] = CRITIC_AGGREGATIONS
+
+    def _set_critic_settings(
+        self,
+        estimator: str,
+        baseline: str | None,
+        gae_lambda: float,
+        n_critic_epochs: int,
+        critic_learning_rate: float,
+        critic_net_arch: Sequence[int] | None,
+        critic_activation: str,
+        critic_aggregation: str,
+    ) -> None:
+        """Check ``estimator`` and ``baseline`` (and, with ``baseline="critic"``, every critic
+        setting: GPOMDP only, ``ValueError`` naming the argument) and keep them on the model."""
+        if baseline == "critic":
+            if estimator != "gpomdp":
+                raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
+            check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
+            if critic_aggregation not in self.critic_aggregations:
+                raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
+                                 f"got {critic_aggregation!r}")
+            critic_net_arch = [64, 64] if critic_net_arch is None else critic_net_arch
+            MlpCritic(1, critic_net_arch, critic_activation)  # checks the architecture's arguments
+            critic_net_arch = list(critic_net_arch)
+        else:
+            check_estimator_and_baseline(estimator, baseline)
+        self.baseline = baseline
+        self.gae_lambda, self.n_critic_epochs, self.critic_learning_rate = float(gae_lambda), n_critic_epochs, float(critic_learning_rate)
+        self.critic_net_arch, self.critic_activation, self.critic_aggregation = critic_net_arch, critic_activation, critic_aggregation
+
+    def _critic_setting(self, name: str) -> Any:
+        """A critic setting (its default for files saved before it existed)."""
+        return self.__dict__.get(name, CRITIC_SETTINGS[name])
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the model's baseline is the learned critic."""
+        return self.__dict__.get("baseline") == "critic"
+
+    def _make_critic(self) -> MlpCritic | None:
+        """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
+        if not self.uses_critic:
+            return None
+        space = self.observation_space
+        discrete = isinstance(space, gym_spaces.Discrete)
+        n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
+        return MlpCritic(n_inputs, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"), discrete)
+
+    def _setup_agent_critic(self) -> MlpCritic | None:
+        """The value network (``None`` without the critic); every agent's critic fields are made
+        (from the seed) where the model holds none, and moved to the model's device."""
+        critic = self._make_critic()
+        if critic is None:
+            return None
+        if self.__dict__.get("agent_critic_phi") is None:
+            phi = critic.initial_phi(self.seed, self.policy.theta.dtype).expand(self.n_agents, -1).clone()
+            self._keep_critic(critic.initial_state(phi))
+        for name in CRITIC_FIELDS:
+            setattr(self, name, getattr(self, name).to(self.device))
+        return critic
+
+    def _keep_critic(self, critic: CriticState) -> None:
+        """Store every agent's critic (batch ``[1, n]`` or ``[n]``) in the model's saved fields."""
+        phi, moments, mean, scale = critic
+        values = (phi, moments.step, moments.first, moments.second, mean, scale)
+        for name, value in zip(CRITIC_FIELDS, values, strict=True):
+            setattr(self, name, value.reshape(self.n_agents, *value.shape[phi.dim() - 1:]).clone())
+
+    @property
+    def critic_state(self) -> CriticState | None:
+        """Every agent's critic (batch ``[1, n]``) with ``baseline="critic"``, else ``None``."""
+        if not self.uses_critic:
+            return None
+        return CriticState(self.agent_critic_phi.unsqueeze(0),
+                           AdamState(self.agent_critic_adam_step.unsqueeze(0), self.agent_critic_adam_first.unsqueeze(0),
+                                     self.agent_critic_adam_second.unsqueeze(0)),
+                           self.agent_critic_mean.unsqueeze(0), self.agent_critic_scale.unsqueeze(0))
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts, variables = super()._get_torch_save_params()  # type: ignore[misc]
+        if self.uses_critic:  # only then: other files keep their fields
+            variables = [*variables, *CRITIC_FIELDS]
+        return state_dicts, variables
+
+    observation_space: Any
+    policy: Any
+    seed: Any
+    n_agents: int
+    device: Any
