@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
+from fedrl_algos import MFPO, PerFedAvgPG
 from fedrl_algos.core import rollout
 from fedrl_algos.core.critic import MlpCritic, critic_step_weights, gae
 from fedrl_algos.core.estimators import discounted_rewards_to_go, relative_rewards_to_go
@@ -232,8 +232,7 @@ def test_bad_arguments_name_themselves(kwargs, name):
         _model(**kwargs)
 
 
-@pytest.mark.parametrize(("cls", "argument"), [(FedAvgPG, "baseline"), (IndependentPG, "baseline"), (FedPGBR, "baseline"),
-                                               (PerFedAvgPG, "adaptation_baseline"), (PerFedAvgPG, "outer_baseline")])
-def test_other_federations_refuse_the_critic(cls, argument):
+@pytest.mark.parametrize(("cls", "argument"), [(PerFedAvgPG, "adaptation_baseline"), (PerFedAvgPG, "outer_baseline")])
+def test_other_federations_refuse_the_critic(cls, argument):  # FedAvgPG, IndependentPG, FedPGBR: tests/test_critic_federations.py
     with pytest.raises(ValueError, match="baseline='critic'.*not supported"):
         cls("TabularPolicy", GRID, **{argument: "critic"}, seed=0, device="cpu")

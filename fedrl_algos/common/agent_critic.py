@@ -14,15 +14,22 @@ from typing import Any, ClassVar
 import torch
 from gymnasium import spaces as gym_spaces
 
-from fedrl_algos.core.critic import CRITIC_AGGREGATIONS, CriticState, MlpCritic, check_critic_settings
+from fedrl_algos.core.critic import CRITIC_AGGREGATIONS, CriticGradient, CriticState, MlpCritic, check_critic_settings, federate_critics
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState
 
-__all__ = ["AgentCriticMixin", "CRITIC_FIELDS", "CRITIC_SETTINGS"]
+__all__ = ["AgentCriticMixin", "CRITIC_FIELDS", "CRITIC_SETTINGS", "critic_fields"]
+
+
+
+def critic_fields(owner: str = "agent") -> tuple[str, ...]:
+    """The model's fields of ``owner``'s critics (``"agent"``: every agent's, ``[n, ...]``;
+    ``"server"``: a server's own, ``[1, ...]``): φ, the fit's Adam state, μ and σ."""
+    return tuple(f"{owner}_critic_{part}" for part in ("phi", "adam_step", "adam_first", "adam_second", "mean", "scale"))
+
 
 #: the model's fields of every agent's critic (``baseline="critic"``), saved with it, each ``[n, ...]``
-CRITIC_FIELDS = ("agent_critic_phi", "agent_critic_adam_step", "agent_critic_adam_first", "agent_critic_adam_second",
-                 "agent_critic_mean", "agent_critic_scale")
+CRITIC_FIELDS = critic_fields("agent")
 #: the critic's settings and their defaults (what files saved before them hold)
 CRITIC_SETTINGS: dict[str, Any] = {"gae_lambda": 1.0, "n_critic_epochs": 5, "critic_learning_rate": 1e-3, "critic_net_arch": None,
                                    "critic_activation": "tanh", "critic_aggregation": "local"}
@@ -41,6 +48,9 @@ class AgentCriticMixin:
 
     #: the federated rules for φ this algorithm accepts (:data:`~fedrl_algos.core.critic.CRITIC_AGGREGATIONS`)
     critic_aggregations: ClassVar[tuple[str, ...]] = CRITIC_AGGREGATIONS
+    #: whose critics the model keeps: ``"agent"`` (every agent's) and, for a server that samples
+    #: trajectories of its own (FedPG-BR), ``"server"``
+    critic_owners: ClassVar[tuple[str, ...]] = ("agent",)
 
     def _set_critic_settings(
         self,
@@ -90,39 +100,85 @@ class AgentCriticMixin:
         return MlpCritic(n_inputs, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"), discrete)
 
     def _setup_agent_critic(self) -> MlpCritic | None:
-        """The value network (``None`` without the critic); every agent's critic fields are made
-        (from the seed) where the model holds none, and moved to the model's device."""
-        critic = self._make_critic()
+        """The value network (``None`` without the critic), also kept as :attr:`critic_network`;
+        the critic fields of every owner (:attr:`critic_owners`) are made (from the seed) where the
+        model holds none, and moved to the model's device."""
+        critic = self.critic_network = self._make_critic()
         if critic is None:
             return None
-        if self.__dict__.get("agent_critic_phi") is None:
-            phi = critic.initial_phi(self.seed, self.policy.theta.dtype).expand(self.n_agents, -1).clone()
-            self._keep_critic(critic.initial_state(phi))
-        for name in CRITIC_FIELDS:
-            setattr(self, name, getattr(self, name).to(self.device))
+        for owner in self.critic_owners:
+            if self.__dict__.get(f"{owner}_critic_phi") is None:
+                rows = self.n_agents if owner == "agent" else 1
+                phi = critic.initial_phi(self.seed, self.policy.theta.dtype).expand(rows, -1).clone()
+                self._keep_critic(critic.initial_state(phi), owner)
+            for name in critic_fields(owner):
+                setattr(self, name, getattr(self, name).to(self.device))
         return critic
 
-    def _keep_critic(self, critic: CriticState) -> None:
-        """Store every agent's critic (batch ``[1, n]`` or ``[n]``) in the model's saved fields."""
+    def _keep_critic(self, critic: CriticState, owner: str = "agent") -> None:
+        """Store ``owner``'s critics in the model's saved fields: every agent's (batch ``[1, n]`` or
+        ``[n]``) or the server's (batch ``[1]``)."""
+        rows = self.n_agents if owner == "agent" else 1
         phi, moments, mean, scale = critic
         values = (phi, moments.step, moments.first, moments.second, mean, scale)
-        for name, value in zip(CRITIC_FIELDS, values, strict=True):
-            setattr(self, name, value.reshape(self.n_agents, *value.shape[phi.dim() - 1:]).clone())
+        for name, value in zip(critic_fields(owner), values, strict=True):
+            setattr(self, name, value.reshape(rows, *value.shape[phi.dim() - 1:]).clone())
+
+    def _critic_of(self, owner: str) -> CriticState | None:
+        """``owner``'s critics from the saved fields (``None`` without the critic): the agents'
+        with batch ``[1, n]``, the server's ``[1]``."""
+        if not self.uses_critic:
+            return None
+        phi, step, first, second, mean, scale = (getattr(self, name) for name in critic_fields(owner))
+        if owner == "agent":
+            phi, step, first, second, mean, scale = (x.unsqueeze(0) for x in (phi, step, first, second, mean, scale))
+        return CriticState(phi, AdamState(step, first, second), mean, scale)
 
     @property
     def critic_state(self) -> CriticState | None:
         """Every agent's critic (batch ``[1, n]``) with ``baseline="critic"``, else ``None``."""
-        if not self.uses_critic:
+        return self._critic_of("agent")
+
+    # --- a round with a CriticGradient local direction ------------------------------------------
+    @staticmethod
+    def _critic_gradient(estimator: Any) -> CriticGradient | None:
+        """The :class:`~fedrl_algos.core.critic.CriticGradient` inside ``estimator`` (the estimator
+        itself, or the one a wrapper such as an attack holds as ``inner``), else ``None``."""
+        while estimator is not None and not isinstance(estimator, CriticGradient):
+            estimator = getattr(estimator, "inner", None)
+        return estimator
+
+    def _start_critic_round(self, estimator: Any) -> CriticState | None:
+        """Hand every agent's critic to the round's :class:`~fedrl_algos.core.critic.CriticGradient`
+        (none: ``None``); returns the critics of the round's start for :meth:`_end_critic_round`."""
+        gradient = self._critic_gradient(estimator)
+        if gradient is None:
             return None
-        return CriticState(self.agent_critic_phi.unsqueeze(0),
-                           AdamState(self.agent_critic_adam_step.unsqueeze(0), self.agent_critic_adam_first.unsqueeze(0),
-                                     self.agent_critic_adam_second.unsqueeze(0)),
-                           self.agent_critic_mean.unsqueeze(0), self.agent_critic_scale.unsqueeze(0))
+        start = self.critic_state
+        gradient.state = start
+        return start
+
+    def _end_critic_round(self, estimator: Any, start: CriticState | None, participating: torch.Tensor | None = None) -> None:
+        """Keep the critics the round fitted under the federated rule ``critic_aggregation``
+        (:func:`~fedrl_algos.core.critic.federate_critics`; ``participating [1, n]``: the agents of
+        the round, the others keep their critic of the round's start)."""
+        if start is None:
+            return
+        fitted = self._critic_gradient(estimator).state
+        self._keep_critic(federate_critics(self.critic_network, fitted, start, self._critic_setting("critic_aggregation"), participating))
+
+    @property
+    def allows_new_agent_count(self) -> bool:  # type: ignore[override]
+        """A model with the critic keeps one per agent: :meth:`set_env` needs the same agents."""
+        return not self.uses_critic and super().allows_new_agent_count  # type: ignore[misc]
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "critic_network"]  # type: ignore[misc]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts, variables = super()._get_torch_save_params()  # type: ignore[misc]
         if self.uses_critic:  # only then: other files keep their fields
-            variables = [*variables, *CRITIC_FIELDS]
+            variables = [*variables, *(name for owner in self.critic_owners for name in critic_fields(owner))]
         return state_dicts, variables
 
     observation_space: Any

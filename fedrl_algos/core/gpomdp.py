@@ -105,7 +105,8 @@ def check_discounting(estimator: str, discounting: str) -> str:
 def _check_baseline(baseline: str | None) -> None:
     if baseline == "critic":
         raise ValueError(f"baseline must be one of {BASELINES}, got 'critic': baseline='critic' (a learned value function "
-                         "with GAE, fedrl_algos.core.critic) is not supported here yet; it is an option of MFPO only")
+                         "with GAE, fedrl_algos.core.critic) is not supported here yet; it is an option of MFPO, FedAvgPG, "
+                         "IndependentPG and FedPGBR")
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
 

@@ -13,13 +13,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting, check_estimator_and_baseline
+from fedrl_algos.core.critic import CriticGradient
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
 from fedrl_algos.fedavg_pg.protocol import FedAvgPGProtocol
@@ -30,7 +32,7 @@ from fedrl_envs.validation import check_int
 __all__ = ["FedAvgPG"]
 
 
-class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorithm):
+class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorithm):
     """Federated policy gradient by parameter averaging (FedAvg-PG).
 
     Each round every participating agent starts from the server's θ and takes ``local_steps`` (K,
@@ -56,8 +58,10 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     :param local_steps: local steps per round (τ; the MFPO paper's K)
     :param n_trajectories: trajectories per agent and local step (m; the MFPO paper's D)
     :param estimator: ``"gpomdp"`` (reward-to-go weights) or ``"reinforce"`` (whole-return weights)
-    :param baseline: ``"loo"`` (default: leave-one-out, unbiased), ``None`` (the paper's eq. (2)), ``"mean"`` or
+    :param baseline: ``"loo"`` (default: leave-one-out, unbiased), ``None`` (the paper's eq. (2)), ``"mean"``,
         ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased; :mod:`fedrl_algos.core.baselines`)
+        or ``"critic"`` (a learned value function per agent with GAE(λ) advantages, fitted after each
+        batch is weighted: unbiased with λ = 1; :class:`~fedrl_algos.core.critic.CriticGradient`). GPOMDP only
     :param server_optimizer: ``"sgd"`` (the server adopts the average, FedAvg) or ``"adam"``
     :param server_step_size: Adam's step size (``server_optimizer="adam"`` only)
     :param attack: what Byzantine agents do to their local directions: an
@@ -89,6 +93,19 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
         weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
         :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
+    :param gae_lambda: λ of GAE with ``baseline="critic"`` (default 1: GPOMDP with the state-dependent
+        baseline ``γ^h V(s_h)``, unbiased; SB3's 0.95 has less variance and a bias)
+    :param n_critic_epochs: full-batch Adam steps of the critic's regression per local step
+    :param critic_learning_rate: their step size
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``)
+    :param critic_activation: ``"tanh"`` (default) or ``"relu"``
+    :param critic_aggregation: the federated rule for φ: ``"local"`` (default: each agent keeps its
+        own critic: heterogeneous agents have different value functions, and the value of the
+        averaged policy is not the average of the values) or ``"average"`` (each round the server
+        averages the participating agents' φ, after bringing them to common output statistics, and
+        broadcasts it with θ). Every agent's critic is kept in ``agent_critic_*`` and saved with the
+        model; with ``agents_per_round`` every agent is computed (its streams advance) but only the
+        sampled agents' critics are updated
 
     >>> from fedrl_algos import FedAvgPG
     >>> model = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.3, alpha=2.0, seed=0, device="cpu")
@@ -136,13 +153,20 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
         horizon: int | None = None,
         normalize_observations: bool = False,
         discounting: str = "absolute",
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
+        critic_net_arch: Sequence[int] | None = None,
+        critic_activation: str = "tanh",
+        critic_aggregation: str = "local",
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = as_step_size(step_size)
         self.local_steps = check_int("local_steps", local_steps)
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
-        check_estimator_and_baseline(estimator, baseline)
-        self.estimator_name, self.baseline = estimator, baseline
+        self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
+                                  critic_activation, critic_aggregation)
+        self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
         if isinstance(server_step_size, bool) or not (isinstance(server_step_size, int | float) and server_step_size > 0):
@@ -188,13 +212,21 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
             raise ValueError("control_variates=True needs local step sizes (step_size) that sum to > 0 over a round "
                              "(the controls divide the local progress by the sum)")
         super()._setup_model()
+        self._setup_agent_critic()
         self.estimator = self._make_estimator()
         self._setup_server_state()
         self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
-        honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline,
-                                       discounting=self.__dict__.get("discounting", "absolute"))
+        discounting = self.__dict__.get("discounting", "absolute")
+        honest: GradientEstimator
+        if self.critic_network is not None:
+            honest = CriticGradient(self.policy, self.gamma, self.n_trajectories, self.critic_network, self._critic_setting("gae_lambda"),
+                                    self._critic_setting("n_critic_epochs"), self._critic_setting("critic_learning_rate"),
+                                    discounting=discounting)
+        else:
+            honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline,
+                                           discounting=discounting)
         if not self.byzantine_agents or self.attack.name == "none":
             return honest
         mask = torch.zeros(self.n_agents, dtype=torch.bool)
@@ -226,10 +258,12 @@ class FedAvgPG(ControlVariateStateMixin, ServerAdamStateMixin, FederatedAlgorith
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
         control = self.control_state
-        new_theta, state, _ = fedavg_pg_round(
+        critic = self._start_critic_round(self.estimator)
+        new_theta, state, mask = fedavg_pg_round(
             self.federation, theta, self.estimator, self.step_size, self.local_step, self.local_steps,
             self.agents_per_round, self.optimizer_state, self.server_step_size, self._reject_updates, control,
         )
+        self._end_critic_round(self.estimator, critic, None if mask is None else mask > 0)
         self._store_server_state(state)
         self._store_control_state(control)
         self.local_step += self.local_steps

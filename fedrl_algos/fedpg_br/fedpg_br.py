@@ -13,13 +13,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.core.directions import check_step_size
-from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
+from fedrl_algos.core.critic import average_critics
+from fedrl_algos.core.gpomdp import check_discounting
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
@@ -29,7 +31,7 @@ from fedrl_envs.validation import check_int
 __all__ = ["FedPGBR"]
 
 
-class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
+class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
     """Federated policy gradient with Byzantine resilience (FedPG-BR).
 
     Each round the server broadcasts θ̃; every agent reports a GPOMDP gradient from ``B_t``
@@ -59,8 +61,13 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     :param max_byzantine_fraction: α, the largest tolerated fraction of Byzantine agents (FedPG-BR:
         0.4); a first pass keeping fewer than ``(1 − α)K`` agents triggers the wider radius 2σ
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"``, ``None`` or
+    :param baseline: ``"loo"`` (leave-one-out, unbiased), ``"mean"``, ``None``,
         ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased; :mod:`fedrl_algos.core.baselines`)
+        or ``"critic"`` (a learned value function with GAE(λ) advantages, fitted after each batch is
+        weighted: unbiased with λ = 1; GPOMDP only). Every agent keeps its own critic
+        (``agent_critic_*``) for its reports; the server keeps **its own** (``server_critic_*``) for
+        the inner loop's batches, fitted on them: it never uses an agent's φ, which a Byzantine agent
+        could forge (:class:`~fedrl_algos.fedpg_br.update.FedPGBRUpdate`)
     :param max_importance_weight: truncation of the inner-loop importance weights (``None``: none
         but the overflow guard)
     :param use_filter: ``False``: average every agent's gradient (no protection)
@@ -93,6 +100,17 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         ``Σ_{t≥h} γ^t r_t``) or ``"relative"`` (``Σ_{t≥h} γ^(t−h) r_t``: every step of a long episode
         weighted alike, as actor-critic libraries do; not the gradient of the discounted return, see
         :mod:`fedrl_algos.core.gpomdp`). GPOMDP only
+    :param gae_lambda: λ of GAE with ``baseline="critic"`` (default 1: unbiased; SB3's 0.95 has less
+        variance and a bias)
+    :param n_critic_epochs: full-batch Adam steps of each critic fit
+    :param critic_learning_rate: their step size
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``)
+    :param critic_activation: ``"tanh"`` (default) or ``"relu"``
+    :param critic_aggregation: the federated rule for the agents' φ: ``"local"`` (default: each agent
+        keeps its own: heterogeneous agents have different value functions) or ``"average"`` (each
+        round the server averages the φ of the agents its filter kept, after bringing them to
+        common output statistics, and sends the average to every agent; the server's own critic
+        is not averaged)
 
     >>> from fedrl_algos import FedPGBR
     >>> model = FedPGBR("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, batch_range=(4, 6),
@@ -103,6 +121,8 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     """
 
     round_protocol: ClassVar[type[RoundProtocol] | None] = FedPGBRProtocol
+    #: the agents' critics and the server's own (its inner loop samples trajectories itself)
+    critic_owners: ClassVar[tuple[str, ...]] = ("agent", "server")
     # ``learning_rate`` is SB3's own attribute (unused here); η was saved as ``server_learning_rate``.
     saved_attribute_renames: ClassVar[dict[str, str]] = {"server_learning_rate": "step_size"}
     stop_rollouts_when_done: ClassVar[bool] = True
@@ -139,6 +159,12 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         normalize_observations: bool = False,
         server_optimizer: str = "sgd",
         discounting: str = "absolute",
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
+        critic_net_arch: Sequence[int] | None = None,
+        critic_activation: str = "tanh",
+        critic_aggregation: str = "local",
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = check_step_size("step_size", step_size)
@@ -157,8 +183,9 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
         if not (isinstance(max_byzantine_fraction, int | float) and 0 <= max_byzantine_fraction < 0.5):
             raise ValueError(f"max_byzantine_fraction must be in [0, 0.5), got {max_byzantine_fraction!r}")
         self.max_byzantine_fraction = float(max_byzantine_fraction)
-        check_estimator_and_baseline(estimator, baseline)
-        self.estimator_name, self.baseline = estimator, baseline
+        self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
+                                  critic_activation, critic_aggregation)
+        self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         if max_importance_weight is not None and not (isinstance(max_importance_weight, int | float) and max_importance_weight >= 1):
             raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
@@ -192,6 +219,7 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     # --- set-up --------------------------------------------------------------------------------
     def _setup_model(self) -> None:
         super()._setup_model()
+        critic = self._setup_agent_critic()
         self.update = FedPGBRUpdate(
             self.policy,
             self.gamma,
@@ -208,6 +236,10 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
             self.attack,
             self.server_optimizer,
             self.__dict__.get("discounting", "absolute"),
+            critic,
+            self._critic_setting("gae_lambda"),
+            self._critic_setting("n_critic_epochs"),
+            self._critic_setting("critic_learning_rate"),
         )
         self._setup_server_state()
         self._make_server_sampler()
@@ -276,10 +308,19 @@ class FedPGBR(ServerAdamStateMixin, FederatedAlgorithm):
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
         uniform = self.federation.server_streams.uniform((2,), dtype=torch.float64)
+        if self.update.agent_critic is not None:
+            self.update.agent_critic.state = self.critic_state
+            self.update.server_critic.state = self._critic_of("server")
         new_theta, info = self.update.round(
             theta, self.federation.sampler, self.server_sampler, uniform, self.byzantine_mask, self.noise_streams,
             self.optimizer_state, self._reject_updates,
         )
+        if self.update.agent_critic is not None:
+            agents = self.update.agent_critic.state
+            if self._critic_setting("critic_aggregation") == "average":  # over the agents the filter kept
+                agents = average_critics(self.critic_network, agents, info["kept"])
+            self._keep_critic(agents)
+            self._keep_critic(self.update.server_critic.state, "server")
         self._store_round(new_theta, info)
 
     def _store_round(self, new_theta: torch.Tensor, info: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates, warn_rejected
 from fedrl_algos.core.attacks import Attack, make_attack
+from fedrl_algos.core.critic import CriticGradient, MlpCritic
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
@@ -240,6 +241,17 @@ class FedPGBRUpdate:
         (Adam with step size η along ``v``, its state carried across rounds: the optimizer of
         FedPG-BR's experiments)
     :param discounting: ``"absolute"`` or ``"relative"`` reward-to-go (:mod:`fedrl_algos.core.gpomdp`)
+    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic`).
+        Every agent weights its report with its own critic and fits it afterwards on the ``B_t``
+        trajectories it used (:attr:`agent_critic`, a :class:`~fedrl_algos.core.critic.CriticGradient`
+        whose ``state`` holds the agents' critics, batch ``[*R, n]``); the server weights each
+        inner-loop batch with **its own critic** and fits it afterwards on that batch
+        (:attr:`server_critic`, batch ``[*R]``). The server never uses an agent's φ: FedPG-BR's agents
+        send only gradients, and a Byzantine agent's φ would set the server's baseline. Both stay
+        independent of the batch they weight, so the estimates stay unbiased with λ = 1
+    :param gae_lambda: λ of GAE (1: unbiased)
+    :param n_critic_epochs: full-batch Adam steps of each fit
+    :param critic_learning_rate: their step size
     """
 
     def __init__(
@@ -259,8 +271,23 @@ class FedPGBRUpdate:
         attack: Attack | str | None = None,
         optimizer: str = "sgd",
         discounting: str = "absolute",
+        critic: MlpCritic | None = None,
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
     ) -> None:
         self.policy = policy
+        self.agent_critic: CriticGradient | None = None
+        self.server_critic: CriticGradient | None = None
+        if baseline == "critic":
+            if critic is None:
+                raise ValueError("baseline='critic' needs critic (an MlpCritic), got None")
+            if estimator != "gpomdp":
+                raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
+            settings = (critic, gae_lambda, n_critic_epochs, critic_learning_rate)
+            self.agent_critic = CriticGradient(policy, gamma, batch_range[1], *settings, discounting=discounting)
+            self.server_critic = CriticGradient(policy, gamma, inner_batch_size, *settings, discounting=discounting)
+            baseline = None  # the estimator below is not used for weights; the critics give them
         self.b_min, self.b_max = batch_range
         self.inner_batch_size = inner_batch_size
         self.step_size = step_size
@@ -294,7 +321,12 @@ class FedPGBRUpdate:
         used = (torch.arange(self.b_max, device=theta.device) < batch_size.unsqueeze(-1)).to(traj.mask.dtype)  # [*R, Bmax]
         used = used.unsqueeze(-2).unsqueeze(-1)  # [*R, 1, Bmax, 1]
         traj = traj._replace(mask=traj.mask * used, rewards=traj.rewards * used)
-        per_traj = score_gradient(self.policy, local, traj, self.estimator.weights(traj), per_trajectory=True)
+        if self.agent_critic is None:
+            psi = self.estimator.weights(traj)
+        else:  # each agent's own critic, fitted on the used trajectories after it weighted them
+            psi, targets = self.agent_critic.step_weights(traj)
+            self.agent_critic.fit(traj, targets)
+        per_traj = score_gradient(self.policy, local, traj, psi, per_trajectory=True)
         count = batch_size.to(per_traj.dtype).reshape(*batch_size.shape, 1, 1)
         mu = per_traj.sum(-2) / count
         deviation = (per_traj - mu.unsqueeze(-2)).norm(dim=-1) * used.squeeze(-1)
@@ -453,7 +485,11 @@ class FedPGBRUpdate:
             traj = server_trajectories(server_sampler, current, self.inner_batch_size)
             # Runs whose loop has ended draw nothing: their streams do not depend on other runs.
             streams.counters = torch.where(active.reshape(*active.shape, *([1] * (before.dim() - active.dim()))), streams.counters, before)
-            psi = self.estimator.weights(traj)
+            if self.server_critic is None:
+                psi = self.estimator.weights(traj)
+            else:  # the server's own critic, fitted on this batch after weighting it (inactive runs keep theirs)
+                psi, targets = self.server_critic.step_weights(traj)
+                self.server_critic.fit(traj, targets, active)
             g, g_anchor, _, _ = paired_gradients(self.policy, current, anchor, traj, psi, self.max_importance_weight)
             v = g - g_anchor + mu
             if self.optimizer == "adam":

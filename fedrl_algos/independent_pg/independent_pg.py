@@ -10,11 +10,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import own_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.directions import PolicyGradient, check_step_size
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_estimator_and_baseline
+from fedrl_algos.core.critic import CriticGradient
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient
 from fedrl_algos.independent_pg.protocol import IndependentPGProtocol
 from fedrl_algos.independent_pg.update import independent_pg_steps
 from fedrl_algos.policies import FlatPolicy
@@ -23,7 +25,7 @@ from fedrl_envs.validation import check_int
 __all__ = ["IndependentPG"]
 
 
-class IndependentPG(FederatedAlgorithm):
+class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
     """Every agent trains its own policy from the shared initialization, without communication.
 
     The paper's from-scratch baseline. A "round" is ``local_steps`` policy-gradient steps of
@@ -54,9 +56,22 @@ class IndependentPG(FederatedAlgorithm):
         pooled by the server each round (see :class:`~fedrl_algos.common.FederatedAlgorithm`)
     :param baseline: baseline of each step's GPOMDP estimate: ``None`` (default, the paper's eq. (2)
         estimate ``Σ_h ∇log π R^h``), ``"loo"`` (leave-one-out time-dependent mean, unbiased),
-        ``"mean"`` or ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased;
-        :mod:`fedrl_algos.core.baselines`). Saved with the model; files saved without it load as ``None``
+        ``"mean"``, ``"linear"`` (garage's linear feature baseline, cross-fitted: unbiased;
+        :mod:`fedrl_algos.core.baselines`) or ``"critic"`` (a learned value function per agent with
+        GAE(λ) advantages, fitted after each batch is weighted: unbiased with λ = 1;
+        :class:`~fedrl_algos.core.critic.CriticGradient`). Saved with the model; files saved without it load as ``None``
+    :param gae_lambda: λ of GAE with ``baseline="critic"`` (default 1: unbiased; SB3's 0.95 has less
+        variance and a bias)
+    :param n_critic_epochs: full-batch Adam steps of the critic's regression per step
+    :param critic_learning_rate: their step size
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``)
+    :param critic_activation: ``"tanh"`` (default) or ``"relu"``
+    :param critic_aggregation: ``"local"`` only: independent agents do not communicate, so each
+        keeps its own critic (kept in ``agent_critic_*`` and saved with the model)
     """
+
+    #: no server: each agent keeps its own critic
+    critic_aggregations: ClassVar[tuple[str, ...]] = ("local",)
 
     round_protocol: ClassVar[type[RoundProtocol] | None] = IndependentPGProtocol
     saved_attribute_renames: ClassVar[dict[str, str]] = {"beta": "step_size", "m": "n_trajectories", "tau": "local_steps"}
@@ -82,11 +97,17 @@ class IndependentPG(FederatedAlgorithm):
         horizon: int | None = None,
         normalize_observations: bool = False,
         baseline: str | None = None,
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
+        critic_net_arch: Sequence[int] | None = None,
+        critic_activation: str = "tanh",
+        critic_aggregation: str = "local",
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = check_step_size("step_size", step_size)
-        check_estimator_and_baseline("gpomdp", baseline)
-        self.baseline = baseline
+        self._set_critic_settings("gpomdp", baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
+                                  critic_activation, critic_aggregation)
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
         self.local_steps = check_int("local_steps", local_steps)
         super().__init__(
@@ -108,14 +129,20 @@ class IndependentPG(FederatedAlgorithm):
 
     def _setup_model(self) -> None:
         super()._setup_model()
+        self._setup_agent_critic()
         self.estimator = self._make_estimator()
         if self.__dict__.get("agent_theta") is None:
             self.agent_theta = self.policy.theta.detach().expand(self.n_agents, -1).clone()
         self.agent_theta = self.agent_theta.to(self.device)
 
-    def _make_estimator(self) -> PolicyGradient | ScoreFunctionGradient:
+    def _make_estimator(self) -> PolicyGradient | ScoreFunctionGradient | CriticGradient:
         """Eq. (2)'s plain estimate without a baseline (bitwise the paper's), GPOMDP with one."""
         baseline = self.__dict__.get("baseline")
+        if self.critic_network is not None:
+            critic = CriticGradient(self.policy, self.gamma, self.n_trajectories, self.critic_network, self._critic_setting("gae_lambda"),
+                                    self._critic_setting("n_critic_epochs"), self._critic_setting("critic_learning_rate"))
+            critic.name = "independent"
+            return critic
         if baseline is None:
             return PolicyGradient(self.policy, self.gamma, self.n_trajectories, name="independent")
         estimator = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, "gpomdp", baseline)
@@ -142,7 +169,9 @@ class IndependentPG(FederatedAlgorithm):
 
     def _train_round(self) -> None:
         theta = self.agent_theta.unsqueeze(0)
+        critic = self._start_critic_round(self.estimator)
         self.agent_theta = independent_pg_steps(self.federation, theta, self.estimator, self.step_size, self.local_steps)[0]
+        self._end_critic_round(self.estimator, critic)
 
     def evaluate_round(self) -> dict[str, float]:
         """Each agent's own θ_i on its own task, as the common protocol
