@@ -19,8 +19,8 @@ from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
-from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.core.critic import CriticGradient
+from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size

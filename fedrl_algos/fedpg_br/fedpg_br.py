@@ -19,8 +19,8 @@ from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
-from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.critic import average_critics
+from fedrl_algos.core.directions import check_step_size
 from fedrl_algos.core.gpomdp import check_discounting
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol

@@ -233,7 +233,8 @@ class FedPGBRUpdate:
     :param delta: δ
     :param max_byzantine_fraction: α
     :param estimator: ``"gpomdp"`` or ``"reinforce"``
-    :param baseline: ``"loo"``, ``"mean"``, ``None`` or ``"linear"`` (:data:`~fedrl_algos.core.gpomdp.BASELINES`)
+    :param baseline: ``"loo"``, ``"mean"``, ``None`` or ``"linear"`` (:data:`~fedrl_algos.core.gpomdp.BASELINES`),
+        or ``"critic"`` (with ``critic``, below)
     :param max_importance_weight: truncation of ω (``None``: only the overflow guard)
     :param use_filter: ``False`` keeps every agent (the unprotected baseline)
     :param attack: what the Byzantine agents do

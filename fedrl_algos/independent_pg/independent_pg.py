@@ -14,8 +14,8 @@ from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import own_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
-from fedrl_algos.core.directions import PolicyGradient, check_step_size
 from fedrl_algos.core.critic import CriticGradient
+from fedrl_algos.core.directions import PolicyGradient, check_step_size
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient
 from fedrl_algos.independent_pg.protocol import IndependentPGProtocol
 from fedrl_algos.independent_pg.update import independent_pg_steps
