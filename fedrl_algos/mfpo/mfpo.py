@@ -7,22 +7,20 @@ The update is :mod:`fedrl_algos.mfpo.update`. Docs: ``docs/algorithms/mfpo.md``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
-from gymnasium import spaces as gym_spaces
 
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.critic import CriticState, MlpCritic, check_critic_settings
-from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline
+from fedrl_algos.core.gpomdp import check_discounting, check_estimator_and_baseline, check_normalize_returns
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.protocol import MFPOProtocol
-from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
+from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate, critic_for_space
 from fedrl_algos.policies import FlatPolicy
 from fedrl_envs.validation import check_int
 
@@ -111,6 +109,14 @@ class MFPO(FederatedAlgorithm):
         own critic: heterogeneous agents have different value functions, and the value of the
         averaged policy is not the average of the values) or ``"average"`` (the server averages
         φ with θ each round)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
+        MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
+        paper's estimator). **Not an unbiased estimate of ∇J**: a per-episode affine map of the returns
+        changes the objective (:mod:`fedrl_algos.core.gpomdp`). With ``discounting="absolute"`` step h
+        is weighted by ``γ^h`` times its normalised return; the baselines (and the critic's GAE and
+        regression targets) work on the normalised returns; ``normalize_advantage`` divides afterwards.
+        GPOMDP only
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -157,6 +163,7 @@ class MFPO(FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.optimizer = check_server_optimizer("optimizer", optimizer)
@@ -189,6 +196,7 @@ class MFPO(FederatedAlgorithm):
         if not isinstance(normalize_advantage, bool):
             raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
         self.normalize_advantage = normalize_advantage
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.local_step = 0
         self.env_steps_per_agent = 0.0
         super().__init__(
@@ -231,6 +239,8 @@ class MFPO(FederatedAlgorithm):
             self.__dict__.get("n_critic_epochs", 5),
             self.__dict__.get("critic_learning_rate", 1e-3),
             self.__dict__.get("critic_aggregation", "local"),
+            # files saved before the option existed hold none: the paper's estimator
+            normalize_returns=self.__dict__.get("normalize_returns", False),
         )
         d, dtype = self.policy.n_params, self.policy.theta.dtype
         if self.__dict__.get("agent_direction") is None:
@@ -257,10 +267,7 @@ class MFPO(FederatedAlgorithm):
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if self.baseline != "critic":
             return None
-        space = self.observation_space
-        discrete = isinstance(space, gym_spaces.Discrete)
-        n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
-        return MlpCritic(n_inputs, self.critic_net_arch, self.critic_activation, discrete)
+        return critic_for_space(self.observation_space, self.critic_net_arch, self.critic_activation)
 
     def _keep_critic(self, critic: CriticState) -> None:
         """Store every agent's critic (batch ``[1, n]`` or ``[n]``) in the model's saved fields."""
