@@ -73,7 +73,9 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--curvature-clip": ("curvature_clip", getattr(args, "curvature_clip", None)),
             "--estimator": ("estimators", getattr(args, "estimator", None)), "--m-hs": ("m_hs", getattr(args, "m_hs", None)),
             "--kernels": ("kernels", getattr(args, "kernels", None)),
-            "--mfpo-optimizer": ("mfpo_optimizer", getattr(args, "mfpo_optimizer", None))}
+            "--mfpo-optimizer": ("mfpo_optimizer", getattr(args, "mfpo_optimizer", None)),
+            "--baseline": ("baseline", getattr(args, "baseline", None)),
+            "--normalize-returns": ("normalize_returns", True if getattr(args, "normalize_returns", False) else None)}
 
 
 def _attack_list(text: str) -> tuple[str, ...]:
@@ -198,6 +200,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mfpo-optimizer", choices=["sgd", "adam"], default=None,
                         help="mfpo: MFPO's step rule, the paper's plain steps (sgd, default) or Adam steps along its momentum direction "
                         "with the row's measured settings (adam; not the paper's: docs/algorithms/mfpo.md)")
+    parser.add_argument("--baseline", choices=["loo", "linear", "critic"], default=None,
+                        help="mfpo: MFPO's baseline in the comparison and the sweeps: loo (leave-one-out, default), linear (garage's "
+                        "linear feature baseline, cross-fitted) or critic (a learned value function per agent, GAE with λ = 1, kept "
+                        "local); only MFPO's rows: FedAvg-PG and FedPG-BR keep the leave-one-out baseline")
+    parser.add_argument("--normalize-returns", action="store_true",
+                        help="mfpo: MFPO standardises every episode's returns-to-go before its baseline (the MFPO authors' code; "
+                        "not an unbiased estimate of the gradient); only MFPO's rows")
     parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
                         help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
                         "(default none,random_noise,sign_flip)")

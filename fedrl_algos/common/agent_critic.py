@@ -7,14 +7,20 @@ model's observations, every agent's critic as saved fields, and files saved with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-from gymnasium import spaces as gym_spaces
 
-from fedrl_algos.core.critic import CRITIC_AGGREGATIONS, CriticGradient, CriticState, MlpCritic, check_critic_settings, federate_critics
+from fedrl_algos.core.critic import (
+    CRITIC_AGGREGATIONS,
+    CriticGradient,
+    CriticState,
+    MlpCritic,
+    check_critic_settings,
+    critic_for_space,
+    federate_critics,
+)
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState
 
@@ -94,10 +100,7 @@ class AgentCriticMixin:
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if not self.uses_critic:
             return None
-        space = self.observation_space
-        discrete = isinstance(space, gym_spaces.Discrete)
-        n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
-        return MlpCritic(n_inputs, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"), discrete)
+        return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"))
 
     def _setup_agent_critic(self) -> MlpCritic | None:
         """The value network (``None`` without the critic), also kept as :attr:`critic_network`;

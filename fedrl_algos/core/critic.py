@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from typing import ClassVar, NamedTuple
 
 import torch
+from gymnasium import spaces as gym_spaces
 
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.gpomdp import normalize_step_weights, score_gradient
@@ -57,6 +58,7 @@ __all__ = [
     "CriticGradient",
     "CriticState",
     "MlpCritic",
+    "critic_for_space",
     "average_critics",
     "federate_critics",
     "select_critics",
@@ -206,6 +208,15 @@ class MlpCritic:
                 (grad,) = torch.autograd.grad(loss, p)
             phi, moments = adam_ascent(phi.detach(), -grad, moments, lr)
         return CriticState(phi.detach(), moments, state.mean, state.scale)
+
+
+
+def critic_for_space(space: gym_spaces.Space, net_arch: Sequence[int] = (64, 64), activation: str = "tanh") -> MlpCritic:
+    """The value network of ``baseline="critic"`` for observations of ``space``: one-hot inputs for a
+    ``Discrete`` space (a table with ``net_arch=[]``), the flattened observation otherwise."""
+    discrete = isinstance(space, gym_spaces.Discrete)
+    n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
+    return MlpCritic(n_inputs, net_arch, activation, discrete)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:

@@ -35,6 +35,15 @@ Thomas 2014, Nota & Thomas 2020 on its bias): every step of a long episode carri
 where absolute discounting fades step h by ``γ^h`` (at γ = 0.95 the steps after the first ~60
 contribute almost nothing). ``"absolute"`` (default) is the papers' estimator.
 
+``normalize_returns=True`` (:func:`normalize_episode_returns`, :func:`normalized_return_rewards`) is
+the classic REINFORCE practice of the MFPO authors' released code: every trajectory's own returns-to-go
+``G^h`` are standardised over its running steps, ``Ĝ^h = (G^h − mean_h G)/(std_h G + eps)``, and the
+estimators above use ``Ĝ`` in place of ``G`` (``γ^h Ĝ^h`` in place of ``R^h`` with absolute discounting;
+the baselines are then baselines of ``Ĝ``). **This is not an unbiased estimate of ∇J**: the map is
+affine per episode with a scale and offset that depend on the episode itself, so the estimate is the
+gradient of no fixed objective (a short episode and a long one are weighted alike, and a good episode's
+best steps count as much as a bad episode's). It is an option, off by default.
+
 Every function is batched over leading dimensions ``[*B]`` (e.g. ``(run, agent)``) and makes one
 autograd call for the whole batch; nothing loops over agents or trajectories.
 """
@@ -66,6 +75,9 @@ __all__ = [
     "reinforce_weights",
     "step_weights",
     "normalize_step_weights",
+    "normalize_episode_returns",
+    "normalized_return_rewards",
+    "check_normalize_returns",
     "masked_log_prob",
     "score_gradient",
     "gpomdp",
@@ -181,11 +193,74 @@ def reinforce_weights(traj: Trajectories, gamma: float, baseline: str | None = "
     return (ret - time_baseline(ret, ones, baseline)) * traj.mask
 
 
+def normalize_episode_returns(returns: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Standardise every trajectory's values over its own running steps: ``(G^h − μ_j)/(σ_j + eps)``
+    with ``μ_j, σ_j`` the mean and (population) standard deviation of ``returns[..., j, :]`` over the
+    steps where ``mask > 0``; 0 where ``mask`` is 0.
+
+    The per-episode normalisation of REINFORCE implementations (and of the MFPO authors' code, which
+    divides by the sample standard deviation, ``n − 1``; the two differ by ``√((n−1)/n)``, under 0.3 %
+    for a 200-step episode). An episode of one running step, or of constant returns, becomes 0.
+    A per-episode affine map whose offset and scale depend on the episode: an estimator weighted
+    with it is not an unbiased estimate of ∇J (see the module docstring).
+
+    :param returns: e.g. returns-to-go ``G^h`` ``[*B, m, T]``
+    :param mask: ``[*B, m, T]``
+    :param eps: added to the standard deviation
+    :return: ``[*B, m, T]``
+    """
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps >= 0:
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    alive = (mask > 0).to(returns.dtype)
+    count = alive.sum(-1, keepdim=True).clamp(min=1)
+    values = returns * alive
+    mean = values.sum(-1, keepdim=True) / count
+    var = (((returns - mean) * alive) ** 2).sum(-1, keepdim=True) / count
+    return (returns - mean) / (var.sqrt() + eps) * alive
+
+
+def normalized_return_rewards(rewards: torch.Tensor, mask: torch.Tensor, gamma: float, eps: float = 1e-8) -> torch.Tensor:
+    """Rewards ``r̂`` whose returns-to-go ``Σ_{t≥h} γ^(t−h) r̂_t`` are the episode-normalised returns-to-go
+    :func:`normalize_episode_returns` of ``G^h = Σ_{t≥h} γ^(t−h) r_t``: ``r̂_h = Ĝ^h − γ mask_{h+1} Ĝ^{h+1}``.
+
+    Swapping a batch's rewards for these makes every estimator here (GPOMDP's ``R^h = γ^h Ĝ^h`` or
+    ``Ĝ^h``, its baselines, the linear baseline's fit) and the critic's GAE(λ) and regression targets
+    (:func:`~fedrl_algos.core.critic.critic_step_weights`: ``A_h = Ĝ^h − V(s_h)`` at λ = 1) use the
+    normalised returns, with no other change.
+
+    :param rewards: ``[*B, m, T]``
+    :param mask: ``[*B, m, T]``
+    :param gamma: γ
+    :param eps: see :func:`normalize_episode_returns`
+    :return: ``[*B, m, T]`` (0 where ``mask`` is 0)
+    """
+    alive = (mask > 0).to(rewards.dtype)
+    normalized = normalize_episode_returns(relative_rewards_to_go(rewards * alive, gamma), mask, eps)
+    following = torch.cat((normalized[..., 1:], torch.zeros_like(normalized[..., :1])), -1)
+    return (normalized - gamma * following) * alive
+
+
+def check_normalize_returns(normalize_returns: bool, estimator: str = "gpomdp") -> bool:
+    """``normalize_returns`` if it is a bool that fits ``estimator``: ``TypeError`` for a non-bool,
+    ``ValueError`` with REINFORCE (its weight is the return from step 0 at every step, which per-episode
+    standardisation makes 0)."""
+    if not isinstance(normalize_returns, bool):
+        raise TypeError(f"normalize_returns must be a bool, got {normalize_returns!r}")
+    if normalize_returns and estimator != "gpomdp":
+        raise ValueError(f"normalize_returns=True needs estimator='gpomdp' (REINFORCE weights every step of an episode by "
+                         f"the same return, which per-episode standardisation makes 0), got estimator={estimator!r}")
+    return normalize_returns
+
+
 def step_weights(
-    traj: Trajectories, gamma: float, estimator: str = "gpomdp", baseline: str | None = "loo", discounting: str = "absolute"
+    traj: Trajectories, gamma: float, estimator: str = "gpomdp", baseline: str | None = "loo", discounting: str = "absolute",
+    normalize_returns: bool = False,
 ) -> torch.Tensor:
-    """``ψ`` of ``estimator`` (``"gpomdp"`` or ``"reinforce"``): ``[*B, m, T]``."""
+    """``ψ`` of ``estimator`` (``"gpomdp"`` or ``"reinforce"``): ``[*B, m, T]``; with ``normalize_returns``
+    on the episode-normalised returns (:func:`normalized_return_rewards`; GPOMDP only)."""
     check_discounting(estimator, discounting)
+    if check_normalize_returns(normalize_returns, estimator):
+        traj = traj._replace(rewards=normalized_return_rewards(traj.rewards, traj.mask, gamma))
     if estimator == "gpomdp":
         return gpomdp_weights(traj, gamma, baseline, discounting)
     if estimator == "reinforce":
@@ -342,6 +417,9 @@ class ScoreFunctionGradient(GradientEstimator):
         batch row (:func:`normalize_step_weights`)
     :param discounting: ``"absolute"`` (``R^h``, the gradient of J) or ``"relative"`` (``G^h``;
         GPOMDP only, see the module docstring)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running
+        steps before the baseline (:func:`normalized_return_rewards`; GPOMDP only; not an unbiased
+        estimate of ∇J, see the module docstring); applied before ``normalize_advantage``
     """
 
     def __init__(
@@ -353,6 +431,7 @@ class ScoreFunctionGradient(GradientEstimator):
         baseline: str | None = "loo",
         normalize_advantage: bool = False,
         discounting: str = "absolute",
+        normalize_returns: bool = False,
     ) -> None:
         super().__init__(policy, gamma)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
@@ -363,6 +442,7 @@ class ScoreFunctionGradient(GradientEstimator):
         self.m, self.estimator, self.baseline = m, estimator, baseline
         self.discounting = check_discounting(estimator, discounting)
         self.normalize_advantage = normalize_advantage
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.name = estimator
 
     @property
@@ -371,7 +451,7 @@ class ScoreFunctionGradient(GradientEstimator):
 
     def weights(self, traj: Trajectories) -> torch.Tensor:
         """The step weights ψ of this estimator for ``traj`` (normalized if asked)."""
-        psi = step_weights(traj, self.gamma, self.estimator, self.baseline, self.discounting)
+        psi = step_weights(traj, self.gamma, self.estimator, self.baseline, self.discounting, self.normalize_returns)
         return normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi
 
     def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:

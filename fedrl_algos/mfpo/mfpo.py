@@ -16,7 +16,7 @@ from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
-from fedrl_algos.core.gpomdp import check_discounting
+from fedrl_algos.core.gpomdp import check_discounting, check_normalize_returns
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.protocol import MFPOProtocol
@@ -106,6 +106,14 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         own critic: heterogeneous agents have different value functions, and the value of the
         averaged policy is not the average of the values) or ``"average"`` (the server averages
         φ with θ each round)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
+        MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
+        paper's estimator). **Not an unbiased estimate of ∇J**: a per-episode affine map of the returns
+        changes the objective (:mod:`fedrl_algos.core.gpomdp`). With ``discounting="absolute"`` step h
+        is weighted by ``γ^h`` times its normalised return; the baselines (and the critic's GAE and
+        regression targets) work on the normalised returns; ``normalize_advantage`` divides afterwards.
+        GPOMDP only
 
     >>> from fedrl_algos import MFPO
     >>> model = MFPO("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, local_steps=2, n_trajectories=4, seed=0, device="cpu")
@@ -152,6 +160,7 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.optimizer = check_server_optimizer("optimizer", optimizer)
@@ -175,6 +184,7 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         if not isinstance(normalize_advantage, bool):
             raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
         self.normalize_advantage = normalize_advantage
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.local_step = 0
         self.env_steps_per_agent = 0.0
         super().__init__(
@@ -218,6 +228,8 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
             self._critic_setting("n_critic_epochs"),
             self._critic_setting("critic_learning_rate"),
             self._critic_setting("critic_aggregation"),
+            # files saved before the option existed hold none: the paper's estimator
+            normalize_returns=self.__dict__.get("normalize_returns", False),
         )
         d, dtype = self.policy.n_params, self.policy.theta.dtype
         if self.__dict__.get("agent_direction") is None:

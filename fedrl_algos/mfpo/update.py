@@ -16,7 +16,14 @@ import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
 from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics, check_critic_settings, critic_step_weights
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, normalize_step_weights, paired_gradients, score_gradient
+from fedrl_algos.core.gpomdp import (
+    ScoreFunctionGradient,
+    check_normalize_returns,
+    normalize_step_weights,
+    normalized_return_rewards,
+    paired_gradients,
+    score_gradient,
+)
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 
 __all__ = ["MFPOState", "MFPOUpdate", "adam_server_step", "ascend", "momentum_direction", "server_step"]
@@ -171,6 +178,10 @@ class MFPOUpdate:
     :param critic_learning_rate: their step size
     :param critic_aggregation: ``"local"`` (each agent keeps its φ) or ``"average"`` (the server
         averages φ, after bringing every agent to common output statistics, with θ each round)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        before the baseline (the MFPO authors' code; :func:`~fedrl_algos.core.gpomdp.normalized_return_rewards`;
+        GPOMDP only; **not an unbiased estimate of ∇J**). With ``baseline="critic"`` the critic's GAE and
+        its regression targets use the normalised returns too (V estimates what it is subtracted from)
     """
 
     def __init__(
@@ -194,8 +205,10 @@ class MFPOUpdate:
         n_critic_epochs: int = 5,
         critic_learning_rate: float = 1e-3,
         critic_aggregation: str = "local",
+        normalize_returns: bool = False,
     ) -> None:
         self.policy = policy
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         if baseline == "critic":
             if critic is None:
                 raise ValueError("baseline='critic' needs critic (an MlpCritic), got None")
@@ -211,8 +224,10 @@ class MFPOUpdate:
         self.critic_learning_rate, self.critic_aggregation = float(critic_learning_rate), critic_aggregation
         self.optimizer = check_server_optimizer("optimizer", optimizer)
         self.local_steps = local_steps
-        self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage, discounting)
-        self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline, normalize_advantage, discounting)
+        self.initial = ScoreFunctionGradient(policy, gamma, initial_trajectories, estimator, baseline, normalize_advantage, discounting,
+                                             normalize_returns)
+        self.local = ScoreFunctionGradient(policy, gamma, n_trajectories, estimator, baseline, normalize_advantage, discounting,
+                                           normalize_returns)
         self.step_size = step_size
         self.momentum = momentum
         self.max_importance_weight = max_importance_weight
@@ -304,7 +319,10 @@ class MFPOUpdate:
             raise ValueError("baseline='critic' needs the agents' critic in the state (MFPOState.critic), got None")
         with torch.no_grad():
             values = self.critic.values(state.critic, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
-            psi, targets = critic_step_weights(values, traj.rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
+            # with normalize_returns, rewards whose returns-to-go are the episode-normalised ones: GAE and the
+            # critic's targets are then in normalised units
+            rewards = normalized_return_rewards(traj.rewards, traj.mask, self.gamma) if self.normalize_returns else traj.rewards
+            psi, targets = critic_step_weights(values, rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
         info["critic_targets"] = targets
         return normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi
 

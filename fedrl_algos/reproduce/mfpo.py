@@ -40,9 +40,10 @@ import torch
 from gymnasium import spaces
 
 from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams, make_attack
+from fedrl_algos.core.critic import critic_for_space
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting
+from fedrl_algos.core.gpomdp import BASELINES, ScoreFunctionGradient, check_discounting
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.fedavg_pg import fedavg_pg_round
@@ -75,6 +76,8 @@ GENERIC_ENVS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "pong": 
 #: every value of option ``env``
 ALL_ENVS = (*ENVS, *GENERIC_ENVS)
 GAMMA = 0.99
+#: MFPO's baselines in the reproduction (``MethodConfig.mfpo_baseline``; ``MFPO``'s ``baseline``)
+MFPO_BASELINES = (*BASELINES, "critic")
 #: Table I of the MFPO paper: mean ± std of the final average score
 PAPER_TABLE_I = {
     "cartpole": {"Fed-DQN": (234.3, 92.5), "FedPG-BR": (446.7, 53.3), "Fed-SAC": (393.4, 55.5), "MFPO": (500.0, 0.0)},
@@ -139,6 +142,12 @@ class MethodConfig:
     :param gamma: the discount γ of the three methods' estimates (the paper's 0.99)
     :param discounting: the reward-to-go of MFPO's, FedAvg-PG's and FedPG-BR's GPOMDP estimates:
         ``"absolute"`` (the papers') or ``"relative"`` (:mod:`fedrl_algos.core.gpomdp`; not the paper's)
+    :param mfpo_baseline: MFPO's baseline (``MFPO``'s ``baseline``): ``"loo"`` (the default, the
+        paper's constant baseline made unbiased), ``"mean"``, ``None``, ``"linear"`` or ``"critic"`` (a
+        64-64 tanh value network per agent, λ = 1, kept local: ``MFPO``'s defaults, φ seeded from each
+        run's seed); FedAvg-PG and FedPG-BR keep the leave-one-out baseline
+    :param mfpo_normalize_returns: MFPO standardises every episode's returns-to-go (``MFPO``'s
+        ``normalize_returns``, the authors' code; not an unbiased estimate of ∇J); MFPO only
     """
 
     local_steps: int = 10
@@ -167,9 +176,15 @@ class MethodConfig:
     mfpo_optimizer: str = "sgd"
     discounting: str = "absolute"
     gamma: float = GAMMA
+    mfpo_baseline: str | None = "loo"
+    mfpo_normalize_returns: bool = False
 
     def __post_init__(self) -> None:
         check_discounting("gpomdp", self.discounting)
+        if self.mfpo_baseline not in MFPO_BASELINES:
+            raise ValueError(f"mfpo_baseline must be one of {MFPO_BASELINES}, got {self.mfpo_baseline!r}")
+        if not isinstance(self.mfpo_normalize_returns, bool):
+            raise TypeError(f"mfpo_normalize_returns must be a bool, got {self.mfpo_normalize_returns!r}")
         if isinstance(self.gamma, bool) or not (isinstance(self.gamma, int | float) and 0 < self.gamma <= 1):
             raise ValueError(f"gamma must be a number in (0, 1], got {self.gamma!r}")
         check_server_optimizer("server_optimizer", self.server_optimizer)
@@ -220,7 +235,8 @@ class Population:
         self.params = stack_params([tasks[i % len(tasks)] for i in range(n_agents)])
         one = tasks[0]
         actions = self.family.action_space(one)
-        self.policy = _mlp_policy(self.family.observation_space(one), actions, cfg).to(device)
+        self.observation_space = self.family.observation_space(one)
+        self.policy = _mlp_policy(self.observation_space, actions, cfg).to(device)
         self.federation = Federation(self.family, self.params, self.policy, self.seeds, cfg.gamma)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
@@ -240,6 +256,7 @@ class Population:
 
         self.env_obj = make(0, cfg.n_envs)
         space, actions = self.env_obj.single_observation_space, self.env_obj.single_action_space
+        self.observation_space = space
         if len(space.shape) == 3:  # image frames: SB3's Nature CNN
             self.policy = CnnPolicy(space, actions, squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
         else:
@@ -321,16 +338,23 @@ class _Curve:
 
 
 def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum: bool = True, bar: Any = None) -> list[dict[str, Any]]:
-    """MFPO (or, with ``momentum=False``, the same update with ν = 0) on every seed at once."""
+    """MFPO (or, with ``momentum=False``, the same update with ν = 0) on every seed at once, with
+    ``cfg.mfpo_baseline`` (with ``"critic"``: every agent's value network starts from its run's seed, as
+    ``MFPO(seed=...)``'s) and ``cfg.mfpo_normalize_returns``."""
     cfg = pop.cfg
+    critic = critic_for_space(pop.observation_space) if cfg.mfpo_baseline == "critic" else None
     update = MFPOUpdate(
         pop.policy, cfg.gamma, cfg.local_steps, cfg.n_trajectories,
         cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
         cfg.step_size, cfg.momentum if momentum else (lambda t, a: 0.0),
-        max_importance_weight=cfg.max_importance_weight, normalize_advantage=cfg.normalize_advantage,
-        optimizer=cfg.mfpo_optimizer, discounting=cfg.discounting,
+        baseline=cfg.mfpo_baseline, max_importance_weight=cfg.max_importance_weight, normalize_advantage=cfg.normalize_advantage,
+        optimizer=cfg.mfpo_optimizer, discounting=cfg.discounting, critic=critic, normalize_returns=cfg.mfpo_normalize_returns,
     )
-    state = MFPOState.initial(pop.initial_theta(), pop.n_agents, cfg.mfpo_optimizer)
+    theta = pop.initial_theta()
+    state = MFPOState.initial(theta, pop.n_agents, cfg.mfpo_optimizer)
+    if critic is not None:
+        phi = torch.stack([critic.initial_phi(int(seed), theta.dtype) for seed in pop.seeds.tolist()]).to(theta.device)
+        state = state._replace(critic=critic.initial_state(phi.unsqueeze(-2).expand(-1, pop.n_agents, -1).clone()))
     curve = _Curve(pop, budget, max_rounds, bar)
     curve.record(state.theta[:, 0])
     going = True
@@ -657,6 +681,16 @@ def adam_methods(env: str, methods: MethodConfig) -> MethodConfig:
                    momentum=as_momentum(rule.pop("momentum")), **rule)
 
 
+def _mfpo_estimator_note(methods: MethodConfig) -> str:
+    """What MFPO's estimator does beyond the paper's leave-one-out GPOMDP (``""`` when nothing)."""
+    parts = []
+    if methods.mfpo_baseline != "loo":
+        parts.append(f"baseline={methods.mfpo_baseline!r}")
+    if methods.mfpo_normalize_returns:
+        parts.append("normalize_returns=True (per-episode normalised returns, the authors' code; not an unbiased estimate of ∇J)")
+    return ", ".join(parts)
+
+
 def _quick_methods(**changes: Any) -> MethodConfig:
     """The methods' hyperparameters of a quick run: 4 trajectories a step, FedPG-BR's batches 4–5 of 2."""
     return MethodConfig(**{"n_trajectories": 4, "batch_range": (4, 5), "inner_batch_size": 2, "eval_trajectories": 2,
@@ -701,10 +735,29 @@ class MFPOConfig:
     mfpo_optimizer: str = "sgd"
     """MFPO's step rule in the comparison and the sweeps: ``"sgd"``, the paper's, or ``"adam"``, Adam steps
     along the momentum direction with the row's :data:`ADAM_STEP_RULES` (:func:`adam_methods`; not the paper's)"""
+    baseline: str | None = "loo"
+    """MFPO's baseline in the comparison and the sweeps (:attr:`MethodConfig.mfpo_baseline`): ``"loo"``
+    (default), ``"linear"``, ``"critic"``, ...; FedAvg-PG and FedPG-BR keep the leave-one-out baseline"""
+    normalize_returns: bool = False
+    """MFPO standardises every episode's returns-to-go (:attr:`MethodConfig.mfpo_normalize_returns`; the
+    authors' code, not the paper's estimator); MFPO only"""
 
     def __post_init__(self) -> None:
         _check_env(self.env)
         check_server_optimizer("mfpo_optimizer", self.mfpo_optimizer)
+        if self.baseline not in MFPO_BASELINES:
+            raise ValueError(f"baseline must be one of {MFPO_BASELINES}, got {self.baseline!r}")
+        if not isinstance(self.normalize_returns, bool):
+            raise TypeError(f"normalize_returns must be a bool, got {self.normalize_returns!r}")
+
+    def mfpo_methods(self, methods: MethodConfig) -> MethodConfig:
+        """MFPO's settings from the methods' ``methods``: its step rule (:func:`adam_methods` with
+        ``mfpo_optimizer="adam"``), its baseline and its return normalisation."""
+        if self.mfpo_optimizer == "adam":
+            methods = adam_methods(self.env, methods)
+        if self.baseline == methods.mfpo_baseline and self.normalize_returns == methods.mfpo_normalize_returns:
+            return methods
+        return replace(methods, mfpo_baseline=self.baseline, mfpo_normalize_returns=self.normalize_returns)
 
     @property
     def resolved_budget(self) -> float:
@@ -727,8 +780,8 @@ class MFPOConfig:
 
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
-        4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps`` and
-        ``sb3_baselines`` are kept."""
+        4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps``,
+        ``sb3_baselines`` and MFPO's ``mfpo_optimizer``, ``baseline`` and ``normalize_returns`` are kept."""
         generic = dict(net_arch=(16,), activation="relu", squash="tanh", horizon=15, n_envs=2) if self.env in GENERIC_ENVS else {}
         return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4, **generic), budget=0.0, sweep_budget=0.0,
                        rounds=2, sweep_rounds=1, sb3_budget=60, sweep_max_local_steps=2)
@@ -766,7 +819,7 @@ class MFPOComparison(Experiment[MFPOConfig]):
     def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, env = paper_methods(config.env, config.methods), config.env
         # MFPO's own settings: the paper's, or with Adam steps its row's (the other methods keep cfg)
-        mfpo_cfg = adam_methods(env, cfg) if config.mfpo_optimizer == "adam" else cfg
+        mfpo_cfg = config.mfpo_methods(cfg)
         sb3_budget, budget, sweep_budget = config.resolved_sb3_budget, config.resolved_budget, config.resolved_sweep_budget
         seed_list = list(range(seeds))
         records: list[dict[str, Any]] = []
@@ -824,6 +877,9 @@ class MFPOComparison(Experiment[MFPOConfig]):
         if config.mfpo_optimizer == "adam":
             notes.append("MFPO ran with Adam steps along its momentum direction (mfpo_optimizer='adam', not the paper's step rule): "
                          + ", ".join(f"{k}={v}" for k, v in mfpo_cfg.describe().items() if v != cfg.describe().get(k)))
+        if _mfpo_estimator_note(mfpo_cfg):
+            notes.append(f"MFPO ran with {_mfpo_estimator_note(mfpo_cfg)}; FedAvg-PG and FedPG-BR keep the leave-one-out baseline "
+                         "and the paper's returns.")
         settings = {"budget": budget, "sweep_budget": sweep_budget, "sb3_budget": sb3_budget, "methods": cfg.describe(), "n_agents": n, "gamma": cfg.gamma,
                     "seeds": seeds, "wall_time_per_method_s": wall, "mfpo_methods": mfpo_cfg.describe()}
         return ExperimentOutput(records=records, table=table, settings=settings, notes=notes)
@@ -841,6 +897,8 @@ class MFPOComparison(Experiment[MFPOConfig]):
                 continue
             mean, std = mean_std(_final(records, part="comparison", method=method))
             note = "final evaluation return (mean over seeds)"
+            if method == "MFPO" and _mfpo_estimator_note(config.mfpo_methods(config.methods)):
+                note += f"; {_mfpo_estimator_note(config.mfpo_methods(config.methods))}"
             if method in ("Fed-DQN", "Fed-SAC"):
                 note += "; issue 7's protocol: deterministic evaluation episodes"
             rows.append(TableRow(f"Table I, {env}: {method}", paper_txt, mean, std, note))

@@ -1,0 +1,245 @@
+"""``normalize_returns``: every trajectory's returns-to-go standardised over its own running steps
+(the MFPO authors' code; not an unbiased estimate of ∇J).
+
+* :func:`normalize_episode_returns` against a loop over trajectories (batched = looped), masks respected
+  (terminated episodes, a one-step episode, padded steps stay 0);
+* :func:`normalized_return_rewards`: their returns-to-go are the normalised returns, so GPOMDP's
+  weights with the option equal the hand-composed ``γ^h Ĝ^h − loo`` / ``Ĝ^h − loo``, and the critic's
+  λ = 1 advantages are ``Ĝ^h − V``;
+* default off changes nothing (bitwise); MFPO learns with it, alone and with the critic, saves and
+  loads; bad values are refused naming the argument.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gymnasium.spaces import Discrete
+
+from fedrl_algos import MFPO
+from fedrl_algos.core.critic import critic_step_weights
+from fedrl_algos.core.estimators import relative_rewards_to_go
+from fedrl_algos.core.gpomdp import (
+    ScoreFunctionGradient,
+    gpomdp_weights,
+    normalize_episode_returns,
+    normalize_step_weights,
+    normalized_return_rewards,
+    step_weights,
+    time_baseline,
+)
+from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.mfpo.update import MFPOUpdate
+from fedrl_algos.policies import TabularPolicy
+
+GAMMA = 0.9
+
+
+def _traj(rows: int = 3, m: int = 5, horizon: int = 7, seed: int = 0) -> Trajectories:
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.ones(rows, m, horizon, dtype=torch.float64)
+    mask[0, 1, 3:] = 0  # terminated after 3 steps
+    mask[1, 2, 1:] = 0  # one running step
+    mask[2, :, 5:] = 0
+    rewards = torch.randn(rows, m, horizon, dtype=torch.float64, generator=gen) * mask
+    rewards[1] = rewards[1] * 100.0 - 500.0 * mask[1]  # a row on Pendulum's scale
+    states = torch.randint(0, 4, (rows, m, horizon), generator=gen)
+    actions = torch.randint(0, 2, (rows, m, horizon), generator=gen)
+    return Trajectories(states, actions, rewards, mask)
+
+
+def _looped(returns: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """One trajectory at a time, plain Python lists."""
+    out = torch.zeros_like(returns)
+    rows, m, _ = returns.shape
+    for r in range(rows):
+        for j in range(m):
+            vals = [float(v) for v, k in zip(returns[r, j], mask[r, j], strict=True) if k > 0]
+            mean = sum(vals) / len(vals)
+            std = (sum((v - mean) ** 2 for v in vals) / len(vals)) ** 0.5
+            for h, v in enumerate(vals):
+                out[r, j, h] = (v - mean) / (std + eps)
+    return out
+
+
+def test_batched_equals_a_loop_over_trajectories_and_respects_masks():
+    traj = _traj()
+    returns = relative_rewards_to_go(traj.rewards, GAMMA)
+    out = normalize_episode_returns(returns, traj.mask)
+    torch.testing.assert_close(out, _looped(returns, traj.mask), rtol=1e-12, atol=1e-12)
+    alive = traj.mask > 0
+    assert (out[~alive] == 0).all()
+    assert (out[1, 2] == 0).all()  # a one-step episode has no spread: 0, not 0/0
+    # every episode with more than one running step has mean 0 and std 1 over its own steps
+    for r, j in [(0, 0), (0, 1), (1, 0), (2, 4)]:
+        vals = out[r, j][alive[r, j]]
+        torch.testing.assert_close(vals.mean(), torch.tensor(0.0, dtype=torch.float64), rtol=0, atol=1e-12)
+        torch.testing.assert_close(vals.std(unbiased=False), torch.tensor(1.0, dtype=torch.float64), rtol=1e-6, atol=0)
+    # batched over leading axes: a [2, 3, ...] batch equals its rows one at a time
+    stacked = torch.stack((returns, returns * 3.0 + 1.0))
+    both = normalize_episode_returns(stacked, torch.stack((traj.mask, traj.mask)))
+    torch.testing.assert_close(both[0], out)
+    torch.testing.assert_close(both[1], out, rtol=1e-6, atol=1e-8)  # an affine map of the returns changes nothing
+
+
+def test_rewards_whose_returns_to_go_are_the_normalised_returns():
+    traj = _traj()
+    r_hat = normalized_return_rewards(traj.rewards, traj.mask, GAMMA)
+    expected = normalize_episode_returns(relative_rewards_to_go(traj.rewards, GAMMA), traj.mask)
+    torch.testing.assert_close(relative_rewards_to_go(r_hat, GAMMA), expected, rtol=1e-10, atol=1e-10)
+    assert (r_hat[traj.mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("discounting", ["absolute", "relative"])
+@pytest.mark.parametrize("baseline", ["loo", "mean", None])
+def test_gpomdp_weights_use_the_normalised_returns(discounting, baseline):
+    traj = _traj()
+    g_hat = _looped(relative_rewards_to_go(traj.rewards, GAMMA), traj.mask)
+    if discounting == "absolute":
+        g_hat = g_hat * GAMMA ** torch.arange(traj.rewards.shape[-1], dtype=torch.float64)
+    expected = (g_hat - time_baseline(g_hat, traj.mask, baseline)) * traj.mask
+    got = step_weights(traj, GAMMA, "gpomdp", baseline, discounting, normalize_returns=True)
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_linear_baseline_is_fitted_to_the_normalised_returns():
+    traj = _traj(m=8)
+    obs = torch.randn(*traj.rewards.shape, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    traj = traj._replace(obs=obs)
+    swapped = traj._replace(rewards=normalized_return_rewards(traj.rewards, traj.mask, GAMMA))
+    torch.testing.assert_close(step_weights(traj, GAMMA, baseline="linear", normalize_returns=True),
+                               gpomdp_weights(swapped, GAMMA, "linear"))
+
+
+def test_critic_advantages_at_lambda_one_are_normalised_returns_minus_values():
+    traj = _traj()
+    values = torch.randn(traj.rewards.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    r_hat = normalized_return_rewards(traj.rewards, traj.mask, GAMMA)
+    psi, targets = critic_step_weights(values, r_hat, traj.mask, GAMMA, 1.0, "relative")
+    g_hat = _looped(relative_rewards_to_go(traj.rewards, GAMMA), traj.mask)
+    torch.testing.assert_close(psi, (g_hat - values) * traj.mask, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(targets, g_hat, rtol=1e-9, atol=1e-9)  # the critic regresses on the normalised returns
+
+
+def test_default_off_is_bitwise_the_old_estimator_and_reinforce_is_refused():
+    traj = _traj()
+    policy = TabularPolicy(Discrete(4), Discrete(2))
+    featured = traj._replace(obs=traj.obs.unsqueeze(-1).double())  # the linear baseline's features need float observations
+    for baseline in ("loo", "mean", "linear", None):
+        batch = featured if baseline == "linear" else traj
+        old = ScoreFunctionGradient(policy, GAMMA, 5, baseline=baseline, normalize_advantage=True)
+        assert old.normalize_returns is False
+        assert torch.equal(old.weights(batch), normalize_step_weights(gpomdp_weights(batch, GAMMA, baseline), batch.mask))
+    assert torch.equal(step_weights(traj, GAMMA), gpomdp_weights(traj, GAMMA))
+    # normalize_advantage divides the normalised-return weights afterwards (the order is fixed)
+    both = ScoreFunctionGradient(policy, GAMMA, 5, normalize_advantage=True, normalize_returns=True).weights(traj)
+    alive = traj.mask > 0
+    assert abs(float(both[0][alive[0]].std(unbiased=False)) - 1.0) < 1e-6
+    with pytest.raises(ValueError, match="normalize_returns"):
+        ScoreFunctionGradient(policy, GAMMA, 5, estimator="reinforce", normalize_returns=True)
+    with pytest.raises(TypeError, match="normalize_returns"):
+        ScoreFunctionGradient(policy, GAMMA, 5, normalize_returns=1)
+    with pytest.raises(ValueError, match="eps"):
+        normalize_episode_returns(traj.rewards, traj.mask, eps=-1.0)
+
+
+def _mfpo(**kwargs) -> MFPO:
+    base = dict(step_size=0.5, local_steps=2, n_trajectories=4, seed=3, device="cpu")
+    return MFPO("TabularPolicy", "fedrl/GridWorld-v0", **{**base, **kwargs})
+
+
+def test_mfpo_direction_uses_the_normalised_weights():
+    plain, normed = _mfpo(), _mfpo(normalize_returns=True)
+    state = plain.state
+    traj = plain.federation.sampler(state.theta, plain.initial_trajectories)
+    swapped = traj._replace(rewards=normalized_return_rewards(traj.rewards, traj.mask, plain.gamma))
+    _, d_normed, _ = normed.update.direction(lambda th, m: traj, state)
+    _, d_swapped, _ = plain.update.direction(lambda th, m: swapped, state)
+    torch.testing.assert_close(d_normed, d_swapped)
+    _, d_plain, _ = plain.update.direction(lambda th, m: traj, state)
+    assert not torch.allclose(d_plain, d_normed)
+
+
+@pytest.mark.parametrize("baseline", ["loo", "critic"])
+def test_mfpo_learns_saves_and_loads_with_it(tmp_path, baseline):
+    model = _mfpo(normalize_returns=True, baseline=baseline)
+    assert model.update.normalize_returns is True
+    model.learn(total_rounds=2)
+    assert torch.isfinite(model.policy.theta).all()
+    model.save(tmp_path / "m.zip")
+    loaded = MFPO.load(tmp_path / "m.zip", device="cpu")
+    assert loaded.normalize_returns is True and loaded.update.normalize_returns is True
+    # the same next round from the loaded model as from the original
+    model.learn(total_rounds=1, reset_num_timesteps=False)
+    loaded.learn(total_rounds=1, reset_num_timesteps=False)
+    assert torch.equal(model.policy.theta, loaded.policy.theta)
+
+
+def test_older_files_load_with_it_off(tmp_path):
+    model = _mfpo()
+    del model.__dict__["normalize_returns"]  # a file saved before the option existed
+    model.save(tmp_path / "old.zip")
+    loaded = MFPO.load(tmp_path / "old.zip", device="cpu")
+    assert loaded.update.normalize_returns is False
+
+
+def test_bad_values_name_the_argument():
+    with pytest.raises(TypeError, match="normalize_returns"):
+        _mfpo(normalize_returns="yes")
+    with pytest.raises(ValueError, match="normalize_returns"):
+        _mfpo(normalize_returns=True, estimator="reinforce")
+    with pytest.raises(TypeError, match="normalize_returns"):
+        MFPOUpdate(None, GAMMA, 2, 4, 8, lambda t: 0.1, lambda t, a: 0.5, normalize_returns=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# fedrl reproduce mfpo --baseline ... --normalize-returns
+
+
+def test_cli_runs_mfpo_with_the_critic_and_records_it(tmp_path):
+    import json
+
+    from fedrl_algos.cli import main
+
+    code = main(["reproduce", "mfpo", "--env", "pendulum", "--quick", "--seeds", "2", "--no-sweeps", "--baseline", "critic",
+                 "--normalize-returns", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    payload = json.loads((tmp_path / "mfpo" / "results.json").read_text())
+    mfpo = payload["settings"]["mfpo_methods"]
+    assert mfpo["mfpo_baseline"] == "critic" and mfpo["mfpo_normalize_returns"] is True
+    assert payload["settings"]["methods"]["mfpo_baseline"] == "loo"  # FedAvg-PG and FedPG-BR keep theirs
+    finals = [r["return"] for r in payload["records"] if r["method"] == "MFPO"]
+    assert finals and all(abs(x) < float("inf") for x in finals)
+    report = (tmp_path / "mfpo" / "report.md").read_text()
+    assert "baseline='critic'" in report and "normalize_returns=True" in report
+
+
+def test_train_mfpo_with_the_critic_equals_the_mfpo_class_per_seed():
+    """The batched reproduction run with baseline='critic' is MFPOUpdate with every agent's critic seeded
+    from its run's seed: two seeds batched equal each seed alone."""
+    from fedrl_algos.reproduce.mfpo import MethodConfig, Population, train_mfpo
+
+    cfg = MethodConfig(local_steps=2, n_trajectories=4, initial_trajectories=4, eval_trajectories=2, mfpo_baseline="critic",
+                       mfpo_normalize_returns=True)
+    both = train_mfpo(Population("cartpole", [0, 1], 3, cfg), 0.0, max_rounds=2)
+    alone = [train_mfpo(Population("cartpole", [s], 3, cfg), 0.0, max_rounds=2) for s in (0, 1)]
+    for k in range(len(both)):
+        torch.testing.assert_close(both[k]["return"], torch.cat([a[k]["return"] for a in alone]), rtol=1e-5, atol=1e-4)
+
+
+def test_bad_cli_and_config_values_are_refused(capsys):
+    from fedrl_algos.cli import main
+    from fedrl_algos.reproduce.mfpo import MethodConfig, MFPOConfig
+
+    with pytest.raises(SystemExit):
+        main(["reproduce", "mfpo", "--quick", "--baseline", "ridge"])
+    assert "--baseline" in capsys.readouterr().err
+    assert main(["reproduce", "byzantine", "--quick", "--baseline", "critic", "--no-progress"]) == 2
+    assert "--baseline applies to mfpo" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="baseline"):
+        MFPOConfig(baseline="ridge")
+    with pytest.raises(TypeError, match="normalize_returns"):
+        MFPOConfig(normalize_returns="yes")
+    with pytest.raises(ValueError, match="mfpo_baseline"):
+        MethodConfig(mfpo_baseline="ridge")
+    assert MFPOConfig().mfpo_methods(MethodConfig()) == MethodConfig()  # the default is today's
