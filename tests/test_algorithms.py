@@ -49,11 +49,12 @@ def test_same_seed_same_theta(cls):
 def test_first_order_is_cheaper_and_counts_timesteps():
     exact = _grid_model(variant="exact")
     first = _grid_model(variant="first_order")
-    assert exact.timesteps_per_round == 8 * 5 * 30 * 16
-    assert first.timesteps_per_round == 8 * 5 * 20 * 16
+    # 8 agents, τ = 5, 16 steps; the default batches m_in = m_h = m_out = 20
+    assert exact.timesteps_per_round == 8 * 5 * 60 * 16
+    assert first.timesteps_per_round == 8 * 5 * 40 * 16
     first.learn(total_timesteps=first.timesteps_per_round * 2)
     assert first.num_timesteps == first.timesteps_per_round * 2
-    assert first.trajectories_per_agent == 2 * 5 * 20
+    assert first.trajectories_per_agent == 2 * 5 * 40
 
 
 def test_class_equals_functional_core_and_batched_runs_equal_looped():
@@ -105,7 +106,7 @@ def test_partial_participation_samples_agents_without_replacement():
         assert mask.shape == (1, 8) and float(mask.sum()) == 3.0
     assert len({tuple(m.reshape(-1).tolist()) for m in masks}) > 1
     model.learn(total_rounds=2)
-    assert model.timesteps_per_round == 3 * 5 * 30 * 16
+    assert model.timesteps_per_round == 3 * 5 * 60 * 16
 
 
 def test_save_load_round_trip(tmp_path):

@@ -176,8 +176,8 @@ def test_demo_rows_are_what_the_classes_compute():
     cfg = demo_config(rounds=3, adapt_trajectories=30, eval_trajectories=8)
     rows = demo_rows(cfg, torch.tensor([4, 5]))
     with cpu_threads("cpu"):
-        # the constructor's defaults α=1, β=0.2, τ=5, m_in=m_out=10 are the demo's
-        model = PerFedAvgPG(FastMlpPolicy, "fedrl/ArcNavigation-v0", variant="first_order", step_size=0.2,
+        # the constructor's defaults α=1, τ=5 are the demo's; β and the batches are the paper's
+        model = PerFedAvgPG(FastMlpPolicy, "fedrl/ArcNavigation-v0", variant="first_order", step_size=0.2, m_in=10, m_out=10,
                             adaptation_baseline="loo", outer_baseline="loo", seed=5, device="cpu").learn(total_rounds=3)
         adapted = model.adapt(list(ARC_NAVIGATION.heldout_tasks), n_trajectories=30, seed=5)
         via_api = personalize_with_api(cfg, rows.theta_meta[0], 4, "cpu", torch.float32)

@@ -16,7 +16,7 @@ The Per-FedAvg-PG paper's main experiment as a statement over seeds, in seconds 
 
 The batched program is what the library's classes compute, seed by seed: a seed's meta-training
 is ``PerFedAvgPG(FastMlpPolicy, "fedrl/ArcNavigation-v0", variant="first_order",
-step_size=0.2, adaptation_baseline="loo", outer_baseline="loo", seed=s).learn(total_rounds=150)`` and its
+step_size=0.2, m_in=10, m_out=10, adaptation_baseline="loo", outer_baseline="loo", seed=s).learn(total_rounds=150)`` and its
 adaptation step is ``model.adapt(heldout_tasks, n_trajectories=200, seed=s)`` (the same numbers,
 ``tests/test_reproduce_neural.py``). The demo runs that ``adapt`` call for its first seed and draws
 the result: ``heldout_rollouts.png``, held-out rollouts before and after adaptation.
