@@ -122,6 +122,39 @@ def test_halves_equal_the_in_process_round(name):
         assert reference.filter_history == server.filter_history
 
 
+_NORMALIZED = {
+    "fedavg_pg": lambda **kw: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu", local_steps=2, n_trajectories=10, **kw),
+    "independent_pg": lambda **kw: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu", n_trajectories=10, **kw),
+    "fedpg_br": lambda **kw: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", byzantine_agents=[3, 5], attack="sign_flip", **kw),
+    "mfpo": lambda **kw: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=3, n_trajectories=4, initial_trajectories=8, **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(_NORMALIZED))
+def test_normalize_returns_travels_in_the_model_file(name):
+    """A ClientApp loads the model from its file (``flower.task.load_model``) and rebuilds its estimator
+    from the saved attributes: ``normalize_returns=True`` reaches the agents with nothing in the messages,
+    and two rounds by halves equal the in-process rounds."""
+    from fedrl_algos.flower.task import load_model, model_to_bytes
+
+    make = _NORMALIZED[name]
+    reference, server, plain = make(normalize_returns=True), make(normalize_returns=True), make()
+    data = model_to_bytes(server)
+    workers = {}
+    for agent in range(server.n_agents):
+        workers[agent] = AgentWorker(load_model(data), agent)
+        workers[agent].state = {}
+        assert workers[agent].model.normalize_returns is True
+    reference.learn(total_rounds=2)
+    plain.learn(total_rounds=2)
+    for _ in range(2):
+        server._round_rejected, server._round_skipped = 0, 0
+        _round_by_halves(server, workers)
+        server.rounds_done += 1
+    assert torch.equal(_params(reference), _params(server))
+    assert not torch.equal(_params(plain), _params(server))
+
+
 @pytest.mark.parametrize("name", ["per_fedavg_pg", "mfpo", "mfpo_adam", "fedpg_br"])
 def test_bad_replies_are_rejected_and_the_round_uses_the_others(name):
     make = _models()[name]

@@ -7,7 +7,13 @@
   weights with the option equal the hand-composed ``γ^h Ĝ^h − loo`` / ``Ĝ^h − loo``, and the critic's
   λ = 1 advantages are ``Ĝ^h − V``;
 * default off changes nothing (bitwise); MFPO learns with it, alone and with the critic, saves and
-  loads; bad values are refused naming the argument.
+  loads; bad values are refused naming the argument;
+* FedAvgPG, IndependentPG and FedPGBR: default off is bitwise today's round; with it on, two rounds
+  equal two rounds of the model without it whose estimator is fed trajectories with the rewards of
+  :func:`normalized_return_rewards` (the hand computation); REINFORCE and non-bools are refused;
+  save/load keeps it and older files load with it off; with ``baseline="critic"`` (FedAvgPG) the
+  critic's λ = 1 weights and regression targets are the normalised returns and the fitted critics'
+  output means are theirs (0).
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import pytest
 import torch
 from gymnasium.spaces import Discrete
 
-from fedrl_algos import MFPO
-from fedrl_algos.core.critic import critic_step_weights
+from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG
+from fedrl_algos.core.critic import CriticGradient, critic_step_weights
+from fedrl_algos.core.directions import PolicyGradient
 from fedrl_algos.core.estimators import relative_rewards_to_go
 from fedrl_algos.core.gpomdp import (
     ScoreFunctionGradient,
@@ -29,6 +36,7 @@ from fedrl_algos.core.gpomdp import (
     time_baseline,
 )
 from fedrl_algos.core.trajectories import Trajectories
+from fedrl_algos.fedpg_br.update import FedPGBRUpdate
 from fedrl_algos.mfpo.update import MFPOUpdate
 from fedrl_algos.policies import TabularPolicy
 
@@ -243,3 +251,160 @@ def test_bad_cli_and_config_values_are_refused(capsys):
     with pytest.raises(ValueError, match="mfpo_baseline"):
         MethodConfig(mfpo_baseline="ridge")
     assert MFPOConfig().mfpo_methods(MethodConfig()) == MethodConfig()  # the default is today's
+
+
+# ---------------------------------------------------------------------------------------------
+# FedAvgPG, IndependentPG and FedPGBR
+
+GRID = "fedrl/GridWorld-v0"
+FEDERATIONS = {
+    "fedavg_pg": (FedAvgPG, {"step_size": 0.5, "local_steps": 2, "n_trajectories": 4}),
+    "independent_pg": (IndependentPG, {"step_size": 0.5, "local_steps": 2, "n_trajectories": 4}),
+    "fedpg_br": (FedPGBR, {"step_size": 0.5, "batch_range": (4, 6), "inner_batch_size": 2, "attack": "sign_flip",
+                           "byzantine_agents": [0]}),
+}
+
+
+def _federation(name: str, **kwargs):
+    cls, base = FEDERATIONS[name]
+    return cls("TabularPolicy", GRID, **{**base, "seed": 3, "device": "cpu", "eval_trajectories": 0, **kwargs})
+
+
+def _params(model) -> torch.Tensor:
+    return model.agent_theta if isinstance(model, IndependentPG) else model.policy.theta.detach()
+
+
+def _estimators(model) -> list:
+    """Every estimator the model built (an attack's wrapper unwrapped)."""
+    if isinstance(model, FedPGBR):
+        update = model.update
+        return [e for e in (update.estimator, update.agent_critic, update.server_critic) if e is not None]
+    return [getattr(model.estimator, "inner", model.estimator)]
+
+
+class _Swapped:
+    """A model's estimator fed the same trajectories with their rewards swapped for
+    :func:`normalized_return_rewards`: the hand computation of ``normalize_returns=True``."""
+
+    def __init__(self, inner, gamma: float) -> None:
+        self.inner, self.gamma = inner, gamma
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["inner"], name)
+
+    def _swap(self, traj: Trajectories) -> Trajectories:
+        return traj._replace(rewards=normalized_return_rewards(traj.rewards, traj.mask, self.gamma))
+
+    def weights(self, traj: Trajectories) -> torch.Tensor:  # FedPG-BR: the agents' reports and the server's inner loop
+        return self.inner.weights(self._swap(traj))
+
+    def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:  # FedAvg-PG, independent PG: every local step
+        return self.inner(lambda th, m: self._swap(sampler(th, m)), theta)
+
+
+@pytest.mark.parametrize("name", list(FEDERATIONS))
+def test_federations_default_off_is_bitwise_todays_round(name):
+    today, explicit = _federation(name), _federation(name, normalize_returns=False)
+    assert explicit.normalize_returns is False
+    assert not any(getattr(e, "normalize_returns", False) for e in _estimators(explicit))
+    if name == "independent_pg":
+        assert type(explicit.estimator) is PolicyGradient  # eq. (2), as before
+    today.learn(total_rounds=2)
+    explicit.learn(total_rounds=2)
+    assert torch.equal(_params(today), _params(explicit))
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("fedavg_pg", {}),
+    ("fedavg_pg", {"baseline": None, "attack": "sign_flip", "byzantine_agents": [1]}),
+    ("independent_pg", {}),
+    ("independent_pg", {"baseline": "loo"}),
+    ("fedpg_br", {}),
+])
+def test_federations_use_the_normalised_returns(name, kwargs):
+    plain, normed, hand = _federation(name, **kwargs), _federation(name, normalize_returns=True, **kwargs), _federation(name, **kwargs)
+    assert normed.normalize_returns is True and all(e.normalize_returns for e in _estimators(normed))
+    if isinstance(hand, FedPGBR):
+        hand.update.estimator = _Swapped(hand.update.estimator, hand.gamma)
+    elif isinstance(hand, IndependentPG) and hand.baseline is None:
+        # eq. (2) has no normalised form: with the option the estimate is GPOMDP without a baseline
+        assert isinstance(normed.estimator, ScoreFunctionGradient) and normed.estimator.baseline is None
+        hand.estimator = _Swapped(ScoreFunctionGradient(hand.policy, hand.gamma, hand.n_trajectories, "gpomdp", None), hand.gamma)
+    elif hasattr(hand.estimator, "inner"):  # an attack's wrapper: the honest estimate inside it
+        hand.estimator.inner = _Swapped(hand.estimator.inner, hand.gamma)
+    else:
+        hand.estimator = _Swapped(hand.estimator, hand.gamma)
+    for model in (plain, normed, hand):
+        model.learn(total_rounds=2)
+    torch.testing.assert_close(_params(normed), _params(hand), rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(_params(normed)).all()
+    assert not torch.allclose(_params(normed), _params(plain))
+
+
+@pytest.mark.parametrize("name", list(FEDERATIONS))
+def test_federations_refuse_bad_values(name):
+    with pytest.raises(TypeError, match="normalize_returns"):
+        _federation(name, normalize_returns=1)
+    if name != "independent_pg":  # GPOMDP is its only estimator
+        with pytest.raises(ValueError, match="normalize_returns"):
+            _federation(name, estimator="reinforce", normalize_returns=True)
+
+
+def test_estimators_refuse_bad_values():
+    policy = TabularPolicy(Discrete(4), Discrete(2))
+    with pytest.raises(TypeError, match="normalize_returns"):
+        CriticGradient(policy, GAMMA, 4, None, normalize_returns="yes")
+    with pytest.raises(ValueError, match="normalize_returns"):
+        FedPGBRUpdate(policy, GAMMA, (4, 6), 2, 0.5, "auto", 0.6, 0.4, estimator="reinforce", normalize_returns=True)
+    with pytest.raises(TypeError, match="normalize_returns"):
+        FedPGBRUpdate(policy, GAMMA, (4, 6), 2, 0.5, "auto", 0.6, 0.4, normalize_returns=None)
+
+
+@pytest.mark.parametrize("name", list(FEDERATIONS))
+def test_federations_save_load_and_older_files(tmp_path, name):
+    cls = FEDERATIONS[name][0]
+    model = _federation(name, normalize_returns=True)
+    model.learn(total_rounds=1)
+    model.save(tmp_path / "m.zip")
+    loaded = cls.load(tmp_path / "m.zip", device="cpu")
+    assert loaded.normalize_returns is True and all(e.normalize_returns for e in _estimators(loaded))
+    model.learn(total_rounds=1, reset_num_timesteps=False)
+    loaded.learn(total_rounds=1, reset_num_timesteps=False)
+    assert torch.equal(_params(model), _params(loaded))
+    old = _federation(name)
+    del old.__dict__["normalize_returns"]  # a file saved before the option existed
+    old.save(tmp_path / "old.zip")
+    loaded_old = cls.load(tmp_path / "old.zip", device="cpu")
+    assert loaded_old.normalize_returns is False
+    assert not any(getattr(e, "normalize_returns", False) for e in _estimators(loaded_old))
+    if name == "independent_pg":
+        assert type(loaded_old.estimator) is PolicyGradient
+
+
+def test_every_critic_of_the_federations_gets_it():
+    assert _federation("independent_pg", baseline="critic", critic_net_arch=[8], normalize_returns=True).estimator.normalize_returns
+    update = _federation("fedpg_br", baseline="critic", critic_net_arch=[8], normalize_returns=True).update
+    assert update.agent_critic.normalize_returns and update.server_critic.normalize_returns
+
+
+def test_fedavg_pg_critic_weights_and_targets_are_the_normalised_returns():
+    """λ = 1 and the initial critic (V = 0): the step weights are ``γ^h Ĝ^h`` and the regression targets ``Ĝ^h``;
+    after a round every agent's critic was fitted on normalised targets (their mean over a batch is 0)."""
+    model = _federation("fedavg_pg", baseline="critic", critic_net_arch=[8], normalize_returns=True)
+    gradient = model.estimator
+    assert isinstance(gradient, CriticGradient) and gradient.normalize_returns and gradient.gae_lambda == 1.0
+    gradient.state = model.critic_state
+    theta = model.policy.theta.detach().expand(1, model.n_agents, -1)
+    traj = model.federation.sampler(theta, 6)
+    psi, targets = gradient.step_weights(traj)
+    g_hat = normalize_episode_returns(relative_rewards_to_go(traj.rewards * traj.mask, model.gamma), traj.mask)
+    assert g_hat.abs().sum() > 0
+    discount = model.gamma ** torch.arange(traj.rewards.shape[-1], dtype=g_hat.dtype)
+    torch.testing.assert_close(targets, g_hat, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(psi, g_hat * discount, rtol=1e-5, atol=1e-5)
+    fresh = _federation("fedavg_pg", baseline="critic", critic_net_arch=[8], normalize_returns=True)
+    plain = _federation("fedavg_pg", baseline="critic", critic_net_arch=[8])
+    fresh.learn(total_rounds=1)
+    plain.learn(total_rounds=1)
+    torch.testing.assert_close(fresh.agent_critic_mean, torch.zeros_like(fresh.agent_critic_mean), rtol=0, atol=1e-5)
+    assert plain.agent_critic_mean.abs().max() > 0.1  # raw returns-to-go

@@ -48,7 +48,12 @@ import torch
 from gymnasium import spaces as gym_spaces
 
 from fedrl_algos.core.directions import GradientEstimator
-from fedrl_algos.core.gpomdp import normalize_step_weights, score_gradient
+from fedrl_algos.core.gpomdp import (
+    check_normalize_returns,
+    normalize_step_weights,
+    normalized_return_rewards,
+    score_gradient,
+)
 from fedrl_algos.core.optim import AdamState, adam_ascent
 from fedrl_algos.core.trajectories import Trajectories
 
@@ -356,6 +361,11 @@ class CriticGradient(GradientEstimator):
     :param state: every agent's critic (batch the rows of θ), or ``None`` until the caller sets :attr:`state`
     :param normalize_advantage: divide the step weights by their standard deviation over each row
     :param discounting: ``"absolute"`` (``ψ_h = γ^h A_h``, the gradient of J) or ``"relative"`` (``A_h``)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        before GAE (:func:`~fedrl_algos.core.gpomdp.normalized_return_rewards`, as MFPO's critic path):
+        the advantages and the critic's regression targets are then in normalised units (at λ = 1
+        ``A_h = Ĝ^h − V(s_h)``, targets ``Ĝ^h``). Not an unbiased estimate of ∇J
+        (:mod:`fedrl_algos.core.gpomdp`); default ``False``; applied before ``normalize_advantage``
     """
 
     #: the critics are per agent of the federation ``[R, n]``
@@ -373,11 +383,13 @@ class CriticGradient(GradientEstimator):
         state: CriticState | None = None,
         normalize_advantage: bool = False,
         discounting: str = "absolute",
+        normalize_returns: bool = False,
     ) -> None:
         super().__init__(policy, gamma)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m must be an int >= 1, got {m!r}")
         check_critic_settings(gae_lambda, n_epochs, lr, "local")
+        self.normalize_returns = check_normalize_returns(normalize_returns)
         self.m, self.critic, self.state = m, critic, state
         self.gae_lambda, self.n_epochs, self.lr = float(gae_lambda), int(n_epochs), float(lr)
         self.normalize_advantage, self.discounting = bool(normalize_advantage), discounting
@@ -400,7 +412,10 @@ class CriticGradient(GradientEstimator):
         state = self._state_for(traj.rewards.shape[:-2])
         with torch.no_grad():
             values = self.critic.values(state, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
-            psi, targets = critic_step_weights(values, traj.rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
+            # with normalize_returns, rewards whose returns-to-go are the episode-normalised ones: GAE and the
+            # critic's targets are then in normalised units (as MFPOUpdate's critic path)
+            rewards = normalized_return_rewards(traj.rewards, traj.mask, self.gamma) if self.normalize_returns else traj.rewards
+            psi, targets = critic_step_weights(values, rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
         return (normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi), targets
 
     def fit(self, traj: Trajectories, targets: torch.Tensor, active: torch.Tensor | None = None) -> None:

@@ -21,7 +21,7 @@ from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdam
 from fedrl_algos.core.attacks import Attack, AttackedEstimator, make_attack
 from fedrl_algos.core.critic import CriticGradient
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_discounting, check_normalize_returns
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.core.schedules import as_step_size
 from fedrl_algos.fedavg_pg.protocol import FedAvgPGProtocol
@@ -106,6 +106,14 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         broadcasts it with θ). Every agent's critic is kept in ``agent_critic_*`` and saved with the
         model; with ``agents_per_round`` every agent is computed (its streams advance) but only the
         sampled agents' critics are updated
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
+        MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
+        paper's estimator). **Not an unbiased estimate of ∇J**: a per-episode affine map of the returns
+        changes the objective (:mod:`fedrl_algos.core.gpomdp`). With ``discounting="absolute"`` step h
+        is weighted by ``γ^h`` times its normalised return; the baselines (and the critic's GAE and
+        regression targets) work on the normalised returns. GPOMDP only (``ValueError`` with
+        REINFORCE). Saved with the model; files saved without it load with it off
 
     >>> from fedrl_algos import FedAvgPG
     >>> model = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.3, alpha=2.0, seed=0, device="cpu")
@@ -159,6 +167,7 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = as_step_size(step_size)
@@ -168,6 +177,7 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
                                   critic_activation, critic_aggregation)
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
         if isinstance(server_step_size, bool) or not (isinstance(server_step_size, int | float) and server_step_size > 0):
             raise ValueError(f"server_step_size must be a number > 0, got {server_step_size!r}")
@@ -219,14 +229,15 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
 
     def _make_estimator(self) -> GradientEstimator:
         discounting = self.__dict__.get("discounting", "absolute")
+        normalize_returns = self.__dict__.get("normalize_returns", False)  # files saved before the option: off
         honest: GradientEstimator
         if self.critic_network is not None:
             honest = CriticGradient(self.policy, self.gamma, self.n_trajectories, self.critic_network, self._critic_setting("gae_lambda"),
                                     self._critic_setting("n_critic_epochs"), self._critic_setting("critic_learning_rate"),
-                                    discounting=discounting)
+                                    discounting=discounting, normalize_returns=normalize_returns)
         else:
             honest = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, self.estimator_name, self.baseline,
-                                           discounting=discounting)
+                                           discounting=discounting, normalize_returns=normalize_returns)
         if not self.byzantine_agents or self.attack.name == "none":
             return honest
         mask = torch.zeros(self.n_agents, dtype=torch.bool)

@@ -21,7 +21,7 @@ from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.core.critic import average_critics
 from fedrl_algos.core.directions import check_step_size
-from fedrl_algos.core.gpomdp import check_discounting
+from fedrl_algos.core.gpomdp import check_discounting, check_normalize_returns
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
@@ -111,6 +111,15 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         round the server averages the φ of the agents its filter kept, after bringing them to
         common output statistics, and sends the average to every agent; the server's own critic
         is not averaged)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
+        MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
+        paper's estimator). **Not an unbiased estimate of ∇J**: a per-episode affine map of the returns
+        changes the objective (:mod:`fedrl_algos.core.gpomdp`). With ``discounting="absolute"`` step h
+        is weighted by ``γ^h`` times its normalised return; the baselines (and the critic's GAE and
+        regression targets) work on the normalised returns. GPOMDP only (``ValueError`` with
+        REINFORCE). Used by the agents' reports, the server's inner loop and both critics. Saved with
+        the model; files saved without it load with it off
 
     >>> from fedrl_algos import FedPGBR
     >>> model = FedPGBR("TabularPolicy", "fedrl/GridWorld-v0", step_size=0.5, batch_range=(4, 6),
@@ -165,6 +174,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = check_step_size("step_size", step_size)
@@ -187,6 +197,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
                                   critic_activation, critic_aggregation)
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         if max_importance_weight is not None and not (isinstance(max_importance_weight, int | float) and max_importance_weight >= 1):
             raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
         self.max_importance_weight = max_importance_weight
@@ -240,6 +251,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
             self._critic_setting("gae_lambda"),
             self._critic_setting("n_critic_epochs"),
             self._critic_setting("critic_learning_rate"),
+            self.__dict__.get("normalize_returns", False),  # files saved before the option: off
         )
         self._setup_server_state()
         self._make_server_sampler()

@@ -18,7 +18,7 @@ from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates
 from fedrl_algos.core.attacks import Attack, make_attack
 from fedrl_algos.core.critic import CriticGradient, MlpCritic
 from fedrl_algos.core.env_sampling import EnvSampler
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, paired_gradients, score_gradient
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_normalize_returns, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.core.sampling import KernelSampler, Sampler
 from fedrl_algos.core.trajectories import Trajectories
@@ -253,6 +253,10 @@ class FedPGBRUpdate:
     :param gae_lambda: λ of GAE (1: unbiased)
     :param n_critic_epochs: full-batch Adam steps of each fit
     :param critic_learning_rate: their step size
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        before the baseline (:func:`~fedrl_algos.core.gpomdp.normalized_return_rewards`): the agents'
+        reports, the server's inner-loop estimates and both critics' GAE and targets use the
+        normalised returns. Not an unbiased estimate of ∇J; GPOMDP only; default ``False``
     """
 
     def __init__(
@@ -276,8 +280,10 @@ class FedPGBRUpdate:
         gae_lambda: float = 1.0,
         n_critic_epochs: int = 5,
         critic_learning_rate: float = 1e-3,
+        normalize_returns: bool = False,
     ) -> None:
         self.policy = policy
+        self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.agent_critic: CriticGradient | None = None
         self.server_critic: CriticGradient | None = None
         if baseline == "critic":
@@ -286,8 +292,10 @@ class FedPGBRUpdate:
             if estimator != "gpomdp":
                 raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
             settings = (critic, gae_lambda, n_critic_epochs, critic_learning_rate)
-            self.agent_critic = CriticGradient(policy, gamma, batch_range[1], *settings, discounting=discounting)
-            self.server_critic = CriticGradient(policy, gamma, inner_batch_size, *settings, discounting=discounting)
+            self.agent_critic = CriticGradient(policy, gamma, batch_range[1], *settings, discounting=discounting,
+                                               normalize_returns=normalize_returns)
+            self.server_critic = CriticGradient(policy, gamma, inner_batch_size, *settings, discounting=discounting,
+                                                normalize_returns=normalize_returns)
             baseline = None  # the estimator below is not used for weights; the critics give them
         self.b_min, self.b_max = batch_range
         self.inner_batch_size = inner_batch_size
@@ -295,7 +303,8 @@ class FedPGBRUpdate:
         self.sigma = sigma
         self.delta = delta
         self.max_byzantine_fraction = max_byzantine_fraction
-        self.estimator = ScoreFunctionGradient(policy, gamma, self.b_max, estimator, baseline, discounting=discounting)
+        self.estimator = ScoreFunctionGradient(policy, gamma, self.b_max, estimator, baseline, discounting=discounting,
+                                               normalize_returns=normalize_returns)
         self.max_importance_weight = max_importance_weight
         self.use_filter = use_filter
         self.attack = make_attack(attack)

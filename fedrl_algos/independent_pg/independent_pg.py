@@ -16,7 +16,7 @@ from fedrl_algos.common.evaluation import own_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.critic import CriticGradient
 from fedrl_algos.core.directions import PolicyGradient, check_step_size
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient
+from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_normalize_returns
 from fedrl_algos.independent_pg.protocol import IndependentPGProtocol
 from fedrl_algos.independent_pg.update import independent_pg_steps
 from fedrl_algos.policies import FlatPolicy
@@ -68,6 +68,15 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
     :param critic_activation: ``"tanh"`` (default) or ``"relu"``
     :param critic_aggregation: ``"local"`` only: independent agents do not communicate, so each
         keeps its own critic (kept in ``agent_critic_*`` and saved with the model)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
+        MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
+        paper's estimator). **Not an unbiased estimate of ∇J**: a per-episode affine map of the returns
+        changes the objective (:mod:`fedrl_algos.core.gpomdp`). Step h is weighted by ``γ^h`` times
+        its normalised return; the baselines (and the critic's GAE and regression targets) work on
+        the normalised returns. GPOMDP only (the estimator here); without a baseline the estimate is
+        GPOMDP of the normalised returns in place of eq. (2). Saved with the model; files saved
+        without it load with it off
     """
 
     #: no server: each agent keeps its own critic
@@ -103,11 +112,13 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = check_step_size("step_size", step_size)
         self._set_critic_settings("gpomdp", baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
                                   critic_activation, critic_aggregation)
+        self.normalize_returns = check_normalize_returns(normalize_returns, "gpomdp")
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
         self.local_steps = check_int("local_steps", local_steps)
         super().__init__(
@@ -136,16 +147,20 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
         self.agent_theta = self.agent_theta.to(self.device)
 
     def _make_estimator(self) -> PolicyGradient | ScoreFunctionGradient | CriticGradient:
-        """Eq. (2)'s plain estimate without a baseline (bitwise the paper's), GPOMDP with one."""
+        """Eq. (2)'s plain estimate without a baseline (bitwise the paper's), GPOMDP with one (or
+        with ``normalize_returns``: eq. (2) has no place for the normalised returns)."""
         baseline = self.__dict__.get("baseline")
+        normalize_returns = self.__dict__.get("normalize_returns", False)  # files saved before the option: off
         if self.critic_network is not None:
             critic = CriticGradient(self.policy, self.gamma, self.n_trajectories, self.critic_network, self._critic_setting("gae_lambda"),
-                                    self._critic_setting("n_critic_epochs"), self._critic_setting("critic_learning_rate"))
+                                    self._critic_setting("n_critic_epochs"), self._critic_setting("critic_learning_rate"),
+                                    normalize_returns=normalize_returns)
             critic.name = "independent"
             return critic
-        if baseline is None:
+        if baseline is None and not normalize_returns:
             return PolicyGradient(self.policy, self.gamma, self.n_trajectories, name="independent")
-        estimator = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, "gpomdp", baseline)
+        estimator = ScoreFunctionGradient(self.policy, self.gamma, self.n_trajectories, "gpomdp", baseline,
+                                          normalize_returns=normalize_returns)
         estimator.name = "independent"
         return estimator
 
