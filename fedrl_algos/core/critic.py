@@ -70,6 +70,7 @@ __all__ = [
     "check_critic_settings",
     "gae",
     "critic_step_weights",
+    "critic_batch_weights",
 ]
 
 #: federated rules for φ: ``"local"`` (each agent keeps its own), ``"average"`` (the server averages φ with θ)
@@ -264,6 +265,31 @@ def critic_step_weights(
     return adv * discount, targets
 
 
+def critic_batch_weights(
+    critic: MlpCritic,
+    state: CriticState,
+    traj: Trajectories,
+    gamma: float,
+    gae_lambda: float,
+    discounting: str = "absolute",
+    normalize_returns: bool = False,
+    normalize_advantage: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step weights ψ ``[*B, m, T]`` of a batch under the critics ``state`` (batch ``[*B]``) and
+    the targets of their fit (:func:`critic_step_weights`; nothing is fitted, no gradient).
+
+    With ``normalize_returns`` the rewards are first swapped for ones whose returns-to-go are the
+    episode-normalised ones (:func:`~fedrl_algos.core.gpomdp.normalized_return_rewards`), so GAE and
+    the targets are in normalised units: V estimates what it is subtracted from.
+    ``normalize_advantage`` divides ψ by its standard deviation afterwards.
+    """
+    with torch.no_grad():
+        values = critic.values(state, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
+        rewards = normalized_return_rewards(traj.rewards, traj.mask, gamma) if normalize_returns else traj.rewards
+        psi, targets = critic_step_weights(values, rewards, traj.mask, gamma, gae_lambda, discounting)
+    return (normalize_step_weights(psi, traj.mask) if normalize_advantage else psi), targets
+
+
 def select_critics(keep: torch.Tensor, new: CriticState, old: CriticState) -> CriticState:
     """``new`` where ``keep [*B]`` (bool) is true, ``old`` elsewhere (batch ``[*B]``)."""
     def pick(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -409,14 +435,8 @@ class CriticGradient(GradientEstimator):
 
     def step_weights(self, traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
         """ψ of ``traj [*B, m, T]`` with the current critics and the fit's targets (nothing is fitted)."""
-        state = self._state_for(traj.rewards.shape[:-2])
-        with torch.no_grad():
-            values = self.critic.values(state, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
-            # with normalize_returns, rewards whose returns-to-go are the episode-normalised ones: GAE and the
-            # critic's targets are then in normalised units (as MFPOUpdate's critic path)
-            rewards = normalized_return_rewards(traj.rewards, traj.mask, self.gamma) if self.normalize_returns else traj.rewards
-            psi, targets = critic_step_weights(values, rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
-        return (normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi), targets
+        return critic_batch_weights(self.critic, self._state_for(traj.rewards.shape[:-2]), traj, self.gamma, self.gae_lambda,
+                                    self.discounting, self.normalize_returns, self.normalize_advantage)
 
     def fit(self, traj: Trajectories, targets: torch.Tensor, active: torch.Tensor | None = None) -> None:
         """Fit every row's critic on ``traj`` (its targets from :meth:`step_weights`); rows where

@@ -15,12 +15,10 @@ from typing import Any, NamedTuple
 import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
-from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics, check_critic_settings, critic_step_weights
+from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics, check_critic_settings, critic_batch_weights
 from fedrl_algos.core.gpomdp import (
     ScoreFunctionGradient,
     check_normalize_returns,
-    normalize_step_weights,
-    normalized_return_rewards,
     paired_gradients,
     score_gradient,
 )
@@ -317,14 +315,9 @@ class MFPOUpdate:
             return estimator.weights(traj)
         if state.critic is None:
             raise ValueError("baseline='critic' needs the agents' critic in the state (MFPOState.critic), got None")
-        with torch.no_grad():
-            values = self.critic.values(state.critic, traj.obs, traj.rewards.dim()).to(traj.rewards.dtype)
-            # with normalize_returns, rewards whose returns-to-go are the episode-normalised ones: GAE and the
-            # critic's targets are then in normalised units
-            rewards = normalized_return_rewards(traj.rewards, traj.mask, self.gamma) if self.normalize_returns else traj.rewards
-            psi, targets = critic_step_weights(values, rewards, traj.mask, self.gamma, self.gae_lambda, self.discounting)
-        info["critic_targets"] = targets
-        return normalize_step_weights(psi, traj.mask) if self.normalize_advantage else psi
+        psi, info["critic_targets"] = critic_batch_weights(self.critic, state.critic, traj, self.gamma, self.gae_lambda,
+                                                           self.discounting, self.normalize_returns, self.normalize_advantage)
+        return psi
 
     def agent_phase(self, sampler, state: MFPOState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """The agent side of one round (one Flower client's work): the ``K − 1`` local steps
