@@ -88,6 +88,8 @@ def _round_by_halves(server, workers, faults=None, min_replies=1):
             reply.arrays = {k: np.full_like(v, np.nan) for k, v in reply.arrays.items()}
         if fault == "shape":
             reply.arrays = {k: v[:-1] for k, v in reply.arrays.items()}
+        if fault == "nan-critic":
+            reply.arrays["critic-phi"] = np.full_like(reply.arrays["critic-phi"], np.nan)
         got[agent] = reply
     return protocol.server_update(RoundReplies(asked, got, failures), min_replies)
 
@@ -120,6 +122,82 @@ def test_halves_equal_the_in_process_round(name):
             assert torch.equal(getattr(reference, moment), getattr(server, moment)), moment
     if name == "fedpg_br":
         assert reference.filter_history == server.filter_history
+
+
+# baseline="critic": every agent's critic travels with its messages (small batches, 2 fits per batch)
+_CRITIC = {
+    "fedavg_pg": lambda agg: FedAvgPG("TabularPolicy", GRID, seed=3, device="cpu", n_trajectories=4, baseline="critic",
+                                      n_critic_epochs=2, critic_aggregation=agg),
+    "fedavg_pg_sampled": lambda agg: FedAvgPG("TabularPolicy", GRID, seed=6, device="cpu", n_trajectories=4, agents_per_round=3,
+                                              baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
+    "independent_pg": lambda agg: IndependentPG("TabularPolicy", GRID, seed=4, device="cpu", n_trajectories=4, baseline="critic",
+                                                n_critic_epochs=2, critic_aggregation=agg),
+    "fedpg_br": lambda agg: FedPGBR("TabularPolicy", GRID, seed=2, device="cpu", batch_range=(3, 5), byzantine_agents=[3],
+                                    attack="sign_flip", baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
+    "mfpo": lambda agg: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=2, n_trajectories=3, initial_trajectories=4,
+                             baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
+}
+_CRITIC_CASES = [(name, agg) for name in _CRITIC for agg in (("local",) if name == "independent_pg" else ("local", "average"))]
+
+
+def _critic_fields(model) -> dict[str, torch.Tensor]:
+    from fedrl_algos.common.agent_critic import critic_fields
+
+    return {f: getattr(model, f) for owner in type(model).critic_owners for f in critic_fields(owner)}
+
+
+def _assert_same_critics(a, b):
+    one, two = _critic_fields(a), _critic_fields(b)
+    assert one.keys() == two.keys()
+    for name in one:
+        assert torch.equal(one[name], two[name]), name
+
+
+@pytest.mark.parametrize("name,aggregation", _CRITIC_CASES)
+def test_critics_travel_and_halves_equal_learn(name, aggregation):
+    """With ``baseline="critic"`` the messages carry the agent's critic (φ, Adam state, μ, σ) both ways;
+    two rounds by halves equal two in-process rounds bit for bit in θ and in every critic field
+    (FedPG-BR's server critic, which stays on the server, included)."""
+    make = _CRITIC[name]
+    reference, server = make(aggregation), make(aggregation)
+    workers = _workers(server)
+    protocol = protocol_for(server)
+    arrays, _ = protocol.train_message(0)  # (participants() would draw this round's sample)
+    assert {"critic-phi", "critic-adam-step", "critic-adam-first", "critic-adam-second", "critic-mean", "critic-scale"} <= set(arrays)
+    reference.learn(total_rounds=2)
+    for _ in range(2):
+        server._round_rejected, server._round_skipped = 0, 0
+        _round_by_halves(server, workers)
+        server.rounds_done += 1
+    assert torch.equal(_params(reference), _params(server))
+    _assert_same_critics(reference, server)
+    assert not torch.equal(server.agent_critic_phi, make(aggregation).agent_critic_phi)  # the critics were fitted
+
+
+def test_unsampled_agents_keep_their_critics():
+    server = _CRITIC["fedavg_pg_sampled"]("local")
+    start = server.agent_critic_phi.clone()
+    _round_by_halves(server, _workers(server))
+    mask = server.__dict__["_test_protocol"]._mask[0] > 0
+    assert int(mask.sum()) == 3
+    assert torch.equal(server.agent_critic_phi[~mask], start[~mask])
+    assert not torch.equal(server.agent_critic_phi[mask], start[mask])
+
+
+@pytest.mark.parametrize("name,aggregation", [("fedavg_pg", "average"), ("mfpo", "local"), ("fedpg_br", "average")])
+def test_a_bad_critic_rejects_the_reply(name, aggregation):
+    """A reply whose critic is not finite is rejected: θ and every critic end as if that agent had failed."""
+    make = _CRITIC[name]
+    bad, failed = make(aggregation), make(aggregation)
+    with pytest.warns(RejectedUpdateWarning, match="agent 2: critic-phi is not finite"):
+        _round_by_halves(bad, _workers(bad), {2: "nan-critic"})
+    with pytest.warns(RejectedUpdateWarning):
+        _round_by_halves(failed, _workers(failed), {2: "raise"})
+    assert torch.equal(bad.theta, failed.theta) and bool(torch.isfinite(bad.theta).all())
+    _assert_same_critics(bad, failed)
+    assert bool(torch.isfinite(bad.agent_critic_phi).all())
+    if aggregation == "local":  # the failed agent keeps its critic of the round's start
+        assert torch.equal(bad.agent_critic_phi[2], make(aggregation).agent_critic_phi[2])
 
 
 _NORMALIZED = {
@@ -247,9 +325,10 @@ def test_app_directory_is_a_valid_flower_app(tmp_path):
 # --- Flower's simulation engine -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3), ("mfpo_gymnasium", 2), ("mfpo_linear", 2)])
+@pytest.mark.parametrize("name,rounds", [("per_fedavg_pg", 5), ("mfpo", 3), ("fedpg_br", 3), ("mfpo_gymnasium", 2), ("mfpo_linear", 2),
+                                         ("mfpo_critic", 2)])
 def test_simulation_equals_learn(name, rounds):
-    make = _models()[name]
+    make = (lambda: _CRITIC["mfpo"]("average")) if name == "mfpo_critic" else _models()[name]
     reference = make().learn(total_rounds=rounds)
     trained = simulate(make(), num_rounds=rounds)
     assert torch.equal(reference.theta, trained.theta)
@@ -259,6 +338,8 @@ def test_simulation_equals_learn(name, rounds):
         assert torch.equal(reference.agent_theta_prev, trained.agent_theta_prev)
     if name == "fedpg_br":
         assert reference.filter_history == trained.filter_history
+    if name == "mfpo_critic":
+        _assert_same_critics(reference, trained)
 
 
 class _Rounds(BaseCallback):
@@ -430,9 +511,6 @@ def test_flower_fails_loudly():
     normalized = PerFedAvgPG("MlpPolicy", "CartPole-v1", n_agents=2, seed=0, device="cpu", horizon=20, normalize_observations=True)
     with pytest.raises(ValueError, match="normalize_observations"):
         simulate(normalized, num_rounds=1)
-    with_critic = MFPO("TabularPolicy", GRID, baseline="critic", local_steps=1, n_trajectories=2, seed=0, device="cpu")
-    with pytest.raises(ValueError, match="baseline='critic'.*not supported on Flower"):
-        simulate(with_critic, num_rounds=1)
     # ... and a federation whose every round is skipped raises, naming the first reason, instead of
     # returning an untrained model.
     plan = {(r, a): "raise" for r in (1, 2) for a in range(8)}

@@ -15,6 +15,13 @@ exactly, and a round by halves equals the in-process round bit for bit on CPU.
 
 :class:`AveragingProtocol` is the round every FedAvg-style algorithm shares (local steps from the
 server's θ, the average of the valid local parameters); an algorithm fills in its local steps.
+
+The critic (``baseline="critic"``): the server's message to agent ``i`` carries agent ``i``'s critic
+(:data:`CRITIC_ARRAYS`: φ, the fit's Adam state, μ and σ), the agent fits it in its local work and
+returns it; the server checks the returned critics like the other arrays (a bad one rejects that
+reply), then keeps them under the model's ``critic_aggregation`` as the in-process round does
+(:meth:`RoundProtocol.keep_critics`). Agents whose reply is missing or rejected keep their critic of
+the round's start.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import numpy as np
 import torch
 
 from fedrl_algos.core.aggregation import UpdateCheck, aggregate_valid
+from fedrl_algos.core.critic import CriticState, average_critics, select_critics
 from fedrl_algos.core.federation import Federation
+from fedrl_algos.core.optim import AdamState
 from fedrl_envs.params import index_params, params_to
 from fedrl_envs.rng import RandomStreams
 from fedrl_wrappers import FederatedVecEnv
@@ -41,6 +50,9 @@ __all__ = [
     "RoundProtocol",
     "AveragingProtocol",
     "agent_federation",
+    "CRITIC_ARRAYS",
+    "critic_arrays",
+    "critic_from_arrays",
     "env_random_state",
     "set_env_random_state",
     "message_tensor",
@@ -75,9 +87,6 @@ def agent_federation(model: Any, agent: int) -> Federation:
     """
     if model.__dict__.get("normalize_observations", False):
         raise ValueError("normalize_observations pools observation moments over every agent in-process; it is not supported on Flower")
-    if model.__dict__.get("baseline") == "critic":
-        raise ValueError("baseline='critic' keeps each agent's value function in the model; its messages do not carry it yet, so it "
-                         "is not supported on Flower (train it in one process, or use baseline='loo' or 'linear')")
     index = torch.tensor([int(agent)])
     if model.is_generic:
         layout = model.__dict__.get("generic_env_layout") or {}
@@ -131,6 +140,44 @@ def _decode_state(value: np.ndarray) -> dict[str, Any]:
     return state
 
 
+#: the arrays of an agent's critic in the messages (``baseline="critic"``), in :class:`CriticState`'s
+#: order: φ ``[d_φ]``, the fit's Adam step count ``[1]`` and moments ``[d_φ]``, μ ``[1]`` and σ ``[1]``
+CRITIC_ARRAYS = ("critic-phi", "critic-adam-step", "critic-adam-first", "critic-adam-second", "critic-mean", "critic-scale")
+
+
+def _uses_critic(model: Any) -> bool:
+    return bool(getattr(model, "uses_critic", False))
+
+
+def _critic_parts(state: CriticState) -> tuple[torch.Tensor, ...]:
+    return (state.phi, *state.moments, state.mean, state.scale)
+
+
+def _critic_state(parts: Sequence[torch.Tensor]) -> CriticState:
+    phi, step, first, second, mean, scale = parts
+    return CriticState(phi, AdamState(step, first, second), mean, scale)
+
+
+def critic_arrays(state: CriticState, agent: int) -> dict[str, np.ndarray]:
+    """Agent ``agent``'s critic of ``state`` (batch ``[1, n]``) as a message's arrays (:data:`CRITIC_ARRAYS`)."""
+    return {name: x[0, agent].reshape(-1).detach().cpu().numpy().copy() for name, x in zip(CRITIC_ARRAYS, _critic_parts(state), strict=True)}
+
+
+def critic_from_arrays(arrays: dict[str, np.ndarray], like: CriticState) -> CriticState:
+    """The critic a message carries (:data:`CRITIC_ARRAYS`), batch ``[1, 1]`` on ``like``'s device and of
+    its shapes and dtypes (``like``: batch ``[1, 1]``); ``ValueError`` when an array is missing, of
+    another shape or dtype, or not finite."""
+    parts = []
+    for name, x in zip(CRITIC_ARRAYS, _critic_parts(like), strict=True):
+        value = message_tensor(arrays, name, x)
+        if value.dtype != x.dtype or value.numel() != x.numel():
+            raise ValueError(f"{name} has {value.numel()} entries of {value.dtype}, expected {x.numel()} of {x.dtype}")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} is not finite")
+        parts.append(value.reshape(x.shape).clone())
+    return _critic_state(parts)
+
+
 class AgentWorker:
     """One agent of a model, as a Flower client holds it: the model (its hyperparameters and
     update objects) and the agent's slice of the federation.
@@ -146,6 +193,24 @@ class AgentWorker:
         self.model = model
         self.agent = int(agent)
         self.federation = agent_federation(model, self.agent)
+
+    @property
+    def critic(self) -> CriticState | None:
+        """The agent's critic (batch ``[1, 1]``: its row of the model's critic fields), ``None`` without ``baseline="critic"``."""
+        state = self.model.critic_state if _uses_critic(self.model) else None
+        if state is None:
+            return None
+        return _critic_state([x[:, self.agent : self.agent + 1].clone() for x in _critic_parts(state)])
+
+    def keep_critic(self, state: CriticState) -> None:
+        """Store the agent's critic ``state`` (batch ``[1, 1]``) in its row of the model's critic fields."""
+        full = self.model.critic_state
+        parts = []
+        for x, value in zip(_critic_parts(full), _critic_parts(state), strict=True):
+            x = x.clone()
+            x[:, self.agent] = value.reshape(x[:, self.agent].shape).to(x)
+            parts.append(x)
+        self.model._keep_critic(_critic_state(parts))
 
 
 def _counters(streams: RandomStreams, agent: int) -> np.ndarray:
@@ -270,6 +335,8 @@ class RoundProtocol(ABC):
     def train_message(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """What the server sends agent ``agent``: arrays and config (the stream positions included)."""
         arrays, config = self._payload(agent)
+        if _uses_critic(self.model):
+            arrays.update(critic_arrays(self.model.critic_state, agent))
         arrays["stream-counters"] = self.stream_counters(agent)
         if self.model.is_generic:
             arrays["env-state"] = _encode_state(self._env_states.get(agent, {"seeded": False, "np_random": []}))
@@ -288,7 +355,17 @@ class RoundProtocol(ABC):
             _set_counters(s, np.array([c]))
         if "env-state" in arrays:
             set_env_random_state(worker.federation, 0, _decode_state(arrays["env-state"]))
+        gradient = None
+        if _uses_critic(worker.model):  # the server's record of this agent's critic, fitted in the local work
+            worker.keep_critic(critic_from_arrays(arrays, worker.critic))
+            gradient = self.agent_critic_gradient(worker)
+            if gradient is not None:
+                gradient.state = worker.critic
         reply = self._agent_update(worker, arrays, config, state)
+        if gradient is not None:
+            worker.keep_critic(gradient.state)
+        if _uses_critic(worker.model):
+            reply.arrays.update(critic_arrays(worker.model.critic_state, worker.agent))
         reply.arrays["stream-counters"] = np.array([int(s.counters.reshape(-1)[0]) for s in streams], dtype=np.int64)
         env_state = env_random_state(worker.federation, 0)
         if env_state is not None:
@@ -307,14 +384,82 @@ class RoundProtocol(ABC):
     def _agent_update(self, worker: AgentWorker, arrays: dict[str, np.ndarray], config: dict[str, Any], state: dict[str, Any]) -> AgentReply:
         """The algorithm's agent side."""
 
-    @abstractmethod
     def server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
-        """The server side: update the model in place from the replies of this round's agents.
+        """The server side: update the model in place from the replies of this round's agents
+        (:meth:`_server_update`); with ``baseline="critic"`` the returned critics are checked first
+        (a bad one rejects that reply) and kept afterwards (:meth:`keep_critics`).
 
         :param replies: the round's replies, and why the missing ones are missing
         :param min_replies: fewer valid replies than this skip the round (the model unchanged)
-        :return: diagnostics (``skipped``, ``rejected``, ``reasons``)
+        :return: diagnostics (``skipped``, ``rejected``, ``reasons``, ``accepted``: the agents whose
+            replies the server used)
         """
+        if not _uses_critic(self.model):
+            return self._server_update(replies, min_replies)
+        start = self.model.critic_state
+        fitted, replies = self._critic_replies(replies, start)
+        outcome = self._server_update(replies, min_replies)
+        if not outcome["skipped"]:
+            accepted = torch.zeros_like(start.mean, dtype=torch.bool)
+            accepted[0, list(outcome["accepted"])] = True
+            self.keep_critics(fitted, start, accepted)
+        return outcome
+
+    def _server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
+        """The algorithm's server side (see :meth:`server_update`); its diagnostics include
+        ``accepted``, the agents whose replies it used. (A protocol that overrides
+        :meth:`server_update` itself, as before the critic travelled, works without the critic.)"""
+        raise NotImplementedError(f"{type(self).__name__} must define _server_update (or override server_update)")
+
+    # --- the critic (baseline="critic") -----------------------------------------------------------
+    def agent_critic_gradient(self, worker: AgentWorker) -> Any:
+        """The :class:`~fedrl_algos.core.critic.CriticGradient` whose ``state`` holds the agent's critic
+        during its local work (default: the one in the model's ``estimator``); ``None``: the
+        algorithm's agent side passes the critic itself (:attr:`AgentWorker.critic`,
+        :meth:`AgentWorker.keep_critic`)."""
+        return worker.model._critic_gradient(getattr(worker.model, "estimator", None))
+
+    def _critic_replies(self, replies: RoundReplies, start: CriticState) -> tuple[CriticState, RoundReplies]:
+        """The returned critics ``[1, n]`` and the replies without those whose critic is unusable
+        (missing, of the wrong shape or dtype, not finite, σ ≤ 0 or a negative second moment): such a
+        reply becomes a failure with its reason, so the server treats that agent as failed."""
+        n = int(self.model.n_agents)
+        parts, reasons = [], {}
+        for name, x in zip(CRITIC_ARRAYS, _critic_parts(start), strict=True):
+            stacked, check = stack_replies(RoundReplies([], replies.replies), name, n, x[0, 0], tuple(x.shape[2:]) or (1,))
+            value = stacked.reshape(x.shape)
+            bad = torch.zeros_like(check.valid)
+            if name == "critic-scale":
+                bad = check.valid & (value <= 0)
+            elif name in ("critic-adam-second", "critic-adam-step"):
+                bad = check.valid & (value < 0).reshape(1, n, -1).any(-1)
+            for agent in range(n):
+                if agent in replies.replies and agent not in reasons and not bool(check.valid[0, agent]):
+                    reasons[agent] = next((r.split(": ", 1)[1] for r in check.reasons if r.startswith(f"agent {agent}: ")), f"{name} unusable")
+                elif agent in replies.replies and agent not in reasons and bool(bad[0, agent]):
+                    reasons[agent] = f"{name} is out of range"
+            parts.append(value)
+        if not reasons:
+            return _critic_state(parts), replies
+        got = {a: r for a, r in replies.replies.items() if a not in reasons}
+        return _critic_state(parts), RoundReplies(replies.asked, got, {**replies.failures, **reasons})
+
+    def critic_weights(self, accepted: torch.Tensor) -> torch.Tensor | None:
+        """The weights ``[1, n]`` of ``critic_aggregation="average"`` over the agents (default: the
+        ``accepted`` ones; ``None``, the plain mean, when that is every agent, as in one process)."""
+        return None if bool(accepted.all()) else accepted
+
+    def keep_critics(self, fitted: CriticState, start: CriticState, accepted: torch.Tensor) -> None:
+        """Keep the round's critics in the model as the in-process round does: the ``accepted`` agents
+        ``[1, n]`` keep what they ``fitted``, the others their critic of the round's ``start``; with
+        ``critic_aggregation="average"`` the server then averages them (:meth:`critic_weights`) and
+        broadcasts the average to every agent."""
+        model = self.model
+        kept = select_critics(accepted, fitted, start)
+        if model._critic_setting("critic_aggregation") == "average":
+            weights = self.critic_weights(accepted)
+            kept = average_critics(model.critic_network, kept, weights)
+        model._keep_critic(kept)
 
     # --- helpers ----------------------------------------------------------------------------------
     def _theta_message(self, theta: torch.Tensor) -> np.ndarray:
@@ -340,7 +485,7 @@ class RoundProtocol(ABC):
         self.model._round_skipped = 1
         reasons = (*check.reasons, f"round skipped: {int(check.valid.sum())} valid replies, fewer than min_train_nodes={min_replies}")
         self.model._reject_updates(UpdateCheck(torch.zeros_like(check.valid), reasons))
-        return {"skipped": True, "rejected": int((~check.valid).sum()), "reasons": reasons}
+        return {"skipped": True, "rejected": int((~check.valid).sum()), "reasons": reasons, "accepted": []}
 
 
 class AveragingProtocol(RoundProtocol):
@@ -348,7 +493,10 @@ class AveragingProtocol(RoundProtocol):
     their local parameters; the server averages the valid ones
     (:func:`~fedrl_algos.core.aggregation.aggregate_valid`) and takes its step (:meth:`server_step`,
     by default θ ← the average). Client sampling follows the model's ``agents_per_round`` with the
-    in-process round's draw, so that it picks the same agents.
+    in-process round's draw, so that it picks the same agents. With ``baseline="critic"`` the
+    in-process round computes every agent (their critics fit and their streams advance) and the
+    sampling mask leaves the others out; so does this one: every agent is asked, the unsampled
+    agents' replies only advance their streams, and they keep their critics of the round's start.
 
     A subclass says what the local steps are (:meth:`local_steps`) and, optionally, what else the
     agents need (:meth:`round_config`) and how the server steps from the average.
@@ -362,6 +510,7 @@ class AveragingProtocol(RoundProtocol):
             raise ValueError("agents_per_round with a Gymnasium-env federation: in one process every agent's environments step "
                              "(masked), on Flower only the sampled agents' would; train it with all agents on Flower")
         self._mask: torch.Tensor | None = None
+        self._sampled: list[int] = []
 
     @abstractmethod
     def local_steps(self, worker: AgentWorker, theta: torch.Tensor, config: dict[str, Any]) -> torch.Tensor:
@@ -387,9 +536,9 @@ class AveragingProtocol(RoundProtocol):
 
     def participants(self) -> list[int]:
         self._mask = self.model.federation.participation(self.model.__dict__.get("agents_per_round"))
-        if self._mask is None:
-            return list(range(int(self.model.n_agents)))
-        return [int(i) for i in self._mask[0].nonzero().reshape(-1).tolist()]
+        everyone = list(range(int(self.model.n_agents)))
+        self._sampled = everyone if self._mask is None else [int(i) for i in self._mask[0].nonzero().reshape(-1).tolist()]
+        return everyone if _uses_critic(self.model) else self._sampled
 
     def _payload(self, agent: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return {"theta": self._theta_message(self.model.policy.theta)}, self.round_config()
@@ -399,9 +548,13 @@ class AveragingProtocol(RoundProtocol):
         local = self.local_steps(worker, theta, config)
         return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(worker.model.trajectories_per_round)})
 
-    def server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
+    def _server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
         model = self.model
         theta = model.policy.theta.detach().unsqueeze(0)
+        sampled = [a for a in replies.asked if a in self._sampled]
+        # only the sampled agents' replies count (with the critic every agent was asked; see the class)
+        replies = RoundReplies(sampled, {a: r for a, r in replies.replies.items() if a in sampled},
+                               {a: f for a, f in replies.failures.items() if a in sampled})
         local, check = stack_replies(replies, "theta", int(model.n_agents), theta, (theta.shape[-1],))
         if not self._enough(check, min_replies):
             return self._skip(check, min_replies)
@@ -412,7 +565,9 @@ class AveragingProtocol(RoundProtocol):
         check = UpdateCheck(check.valid | ~present, check.reasons)
         average, check = aggregate_valid(local, theta, self._mask, check=check, on_reject=self._reject)
         model.policy.theta.data.copy_(self.server_step(theta, average, check)[0])
-        return {"skipped": False, "rejected": int((present & ~check.valid).sum()), "reasons": check.reasons}
+        accepted = present & check.valid
+        return {"skipped": False, "rejected": int((present & ~check.valid).sum()), "reasons": check.reasons,
+                "accepted": accepted[0].nonzero().reshape(-1).tolist()}
 
 
 def protocol_for(model: Any, **options: Any) -> RoundProtocol:

@@ -151,7 +151,9 @@ class MlpCritic:
 
     def network(self, phi: torch.Tensor, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
         """``f_φ(s)`` of every step: ``[*B, m, T]`` from ``obs [*B, m, T, *obs_shape]`` (``batch_dims``
-        = 3 + len(B)), one batched matmul per layer over the leading axes ``[*B]``."""
+        = 3 + len(B)), one batched matmul per hidden layer over the leading axes ``[*B]``; the output
+        layer is an elementwise product and sum, so a row's values do not depend on how many rows
+        ``[*B]`` holds (a one-agent Flower client computes what the whole federation does, bitwise)."""
         batch = phi.shape[:-1]
         lead = obs.shape[:batch_dims]
         x = self._inputs(obs, batch_dims, phi.dtype).reshape(*batch, -1, self.n_inputs)  # [*B, m·T, in]
@@ -162,7 +164,10 @@ class MlpCritic:
             w = phi[..., offset:offset + i * o].reshape(*batch, i, o)
             b = phi[..., offset + i * o:offset + i * o + o].unsqueeze(-2)
             offset += i * o + o
-            x = x @ w + b
+            if o == 1:  # an elementwise product and sum: a row's V does not depend on how many rows the batch has
+                x = (x * w.transpose(-1, -2)).sum(-1, keepdim=True) + b  # (a matrix-vector product may take another kernel for one row)
+            else:
+                x = x @ w + b
             if k < n_layers - 1:
                 x = act(x)
         return x.reshape(lead)

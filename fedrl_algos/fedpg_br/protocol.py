@@ -38,6 +38,7 @@ class FedPGBRProtocol(RoundProtocol):
         super().__init__(model)
         #: a robust aggregation replacing FedPG-BR's filter (e.g. :func:`fedrl_algos.flower.robust.flower_aggregator`); ``None``: the filter
         self.aggregate = aggregate
+        self._kept: torch.Tensor | None = None
 
     def agent_streams(self, federation: Federation) -> list[RandomStreams]:
         noise = federation.__dict__.get("_flower_noise_streams")
@@ -66,7 +67,7 @@ class FedPGBRProtocol(RoundProtocol):
         metrics = {"num-trajectories": float(config["batch-size"]), "return": float(returns[0, 0]), "env-steps": float(env_steps[0, 0])}
         return AgentReply(worker.agent, {"gradient": grads[0, 0].cpu().numpy(), "spread": spread[0, :1].cpu().numpy()}, metrics)
 
-    def server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
+    def _server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
         model = self.model
         theta = model.policy.theta.detach().unsqueeze(0)
         n = int(model.n_agents)
@@ -83,9 +84,23 @@ class FedPGBRProtocol(RoundProtocol):
         batch = model.update.batch_size(uniform)
         if not check.all_valid:
             grads = torch.where(check.valid.unsqueeze(-1), grads, torch.full_like(grads, float("nan")))  # server_phase rejects them
+        server_critic = model.update.server_critic
+        if server_critic is not None:  # the server's own critic stays on the server (its inner loop)
+            server_critic.state = model._critic_of("server")
         new_theta, info = model.update.server_phase(
             theta, grads, spread, returns, env_steps, batch, uniform, model.server_sampler, model.optimizer_state, self._merged_reject(check),
             aggregate=self.aggregate,
         )
+        if server_critic is not None:
+            model._keep_critic(server_critic.state, "server")
         model._store_round(new_theta, info)
-        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
+        self._kept = info["kept"]
+        accepted = check.valid & info["valid"] if "valid" in info else check.valid
+        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons,
+                "accepted": accepted[0].nonzero().reshape(-1).tolist()}
+
+    def agent_critic_gradient(self, worker: AgentWorker) -> Any:
+        return worker.model.update.agent_critic
+
+    def critic_weights(self, accepted: torch.Tensor) -> torch.Tensor | None:
+        return self._kept & accepted  # as in one process: the agents the filter kept

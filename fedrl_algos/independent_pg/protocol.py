@@ -32,7 +32,7 @@ class IndependentPGProtocol(RoundProtocol):
         local = independent_pg_steps(worker.federation, theta, model.estimator, model.step_size, model.local_steps)
         return AgentReply(worker.agent, {"theta": local[0, 0].cpu().numpy()}, {"num-trajectories": float(model.trajectories_per_round)})
 
-    def server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
+    def _server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
         model = self.model
         like = model.agent_theta.unsqueeze(0)
         local, check = stack_replies(replies, "theta", int(model.n_agents), like[0, 0], (like.shape[-1],))
@@ -41,4 +41,5 @@ class IndependentPGProtocol(RoundProtocol):
         if not check.all_valid:
             self._reject(check)
         model.agent_theta = torch.where(check.valid[0].unsqueeze(-1), local[0], model.agent_theta)
-        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
+        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons,
+                "accepted": check.valid[0].nonzero().reshape(-1).tolist()}

@@ -57,8 +57,10 @@ class MFPOProtocol(RoundProtocol):
         if model.update.optimizer == "adam":
             moments = AdamState(torch.full((1, 1), float(step), dtype=like.dtype, device=like.device),
                                 message_tensor(arrays, "adam-first", like).reshape(1, 1, -1), message_tensor(arrays, "adam-second", like).reshape(1, 1, -1))
-        start = MFPOState(theta, direction, prev.reshape(1, 1, -1), step, moments)
+        start = MFPOState(theta, direction, prev.reshape(1, 1, -1), step, moments, worker.critic)
         theta_k, direction_k, _, info = model.update.agent_phase(worker.federation.sampler, start)
+        if info.get("critic") is not None:  # the agent's critic after its K fits (returned by agent_round)
+            worker.keep_critic(info["critic"])
         state["mfpo-theta-prev"] = theta_k[0, 0].cpu().numpy()
         state["mfpo-round"] = np.array([int(config["round"])], dtype=np.int64)
         metrics = {"num-trajectories": float(info["trajectories"]), "return": float(info["return"].mean()),
@@ -68,7 +70,7 @@ class MFPOProtocol(RoundProtocol):
             reply.update({"adam-first": info["moments"].first[0, 0].cpu().numpy(), "adam-second": info["moments"].second[0, 0].cpu().numpy()})
         return AgentReply(worker.agent, reply, metrics)
 
-    def server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
+    def _server_update(self, replies: RoundReplies, min_replies: int) -> dict[str, Any]:
         model = self.model
         start = model.state
         like = start.theta[0, 0]
@@ -102,7 +104,14 @@ class MFPOProtocol(RoundProtocol):
                 "weight_mean": None, "weight_max": None, "clipped_fraction": None}
         model._store_round(new, info, float(np.mean(steps)) if steps else 0.0)
         self._flower_prev(check.valid[0].cpu())
-        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons}
+        accepted = check.valid
+        if adam:  # the global phase also rejects a negative second moment
+            accepted = accepted & ~(second < 0).any(-1)
+        return {"skipped": False, "rejected": int((~check.valid).sum()), "reasons": check.reasons,
+                "accepted": accepted[0].nonzero().reshape(-1).tolist()}
+
+    def agent_critic_gradient(self, worker: AgentWorker) -> Any:
+        return None  # the critic travels in MFPOState (see _agent_update)
 
     def _flower_prev(self, from_agent: torch.Tensor) -> None:
         self.model._flower_prev_from_agent = [bool(v) for v in from_agent.tolist()]
