@@ -7,6 +7,8 @@ them, without adapters of fedrl's. TorchRL and skrl come with the ``compat`` ext
 
 from __future__ import annotations
 
+import multiprocessing
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -17,6 +19,16 @@ from fedrl_wrappers import FederatedVecEnv
 
 ARC = "fedrl/ArcNavigation-v0"
 STEP = 0.15  # arc navigation: every action moves at most this far (clipped to the box)
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_start_method():
+    """Importing torchrl sets multiprocessing's start method to "spawn" for the whole process; later
+    tests in the same worker (async vector envs of classes defined in a test module) need the default."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    yield
+    if multiprocessing.get_start_method(allow_none=True) != before:
+        multiprocessing.set_start_method(before, force=True)
 
 
 # --- TorchRL ----------------------------------------------------------------------------------
