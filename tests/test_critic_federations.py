@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_critic_baseline import AGENTS, GAMMA, _exact, _frozen_table, _grid_batches, _per_batch, z_scores
 
-from fedrl_algos import FedAvgPG, FedPGBR, IndependentPG
+from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG
 from fedrl_algos.common.agent_critic import CRITIC_FIELDS, critic_fields
 from fedrl_algos.core.critic import CriticGradient, MlpCritic, average_critics, federate_critics
 from fedrl_algos.core.gpomdp import gpomdp
@@ -231,3 +231,25 @@ def test_a_flower_round_continues_a_trained_critic(name):
     model = _model(name).learn(total_rounds=1)
     round_by_halves(protocol_for(model), [AgentWorker(copy.deepcopy(model), a) for a in range(model.n_agents)])
     _assert_same(_snapshot(model), _snapshot(reference))
+
+
+@pytest.mark.parametrize("cls", [MFPO, FedAvgPG, IndependentPG, FedPGBR])
+def test_sb3_net_arch_dict_sizes_the_policy_and_the_critic(cls, tmp_path):
+    """SB3's ``policy_kwargs=dict(net_arch=dict(pi=..., vf=...))``: pi is the policy's, vf the critic's."""
+    kwargs = dict(baseline="critic", seed=0, device="cpu")
+    model = cls("MlpPolicy", "fedrl/CartPole-v0", policy_kwargs=dict(net_arch=dict(pi=[16], vf=[32, 8])), **kwargs)
+    assert model.policy.net_arch == [16] and model.critic_net_arch == [32, 8] and model.critic_network.sizes == [4, 32, 8, 1]
+    assert model.policy_kwargs == {"net_arch": [16]}  # the saved policy_kwargs are the policy's own
+    model.save(tmp_path / "m.zip")
+    loaded = cls.load(tmp_path / "m.zip", device="cpu")
+    assert loaded.critic_net_arch == [32, 8] and torch.equal(loaded.agent_critic_phi, model.agent_critic_phi)
+    with pytest.raises(ValueError, match="needs baseline='critic'"):
+        cls("MlpPolicy", "fedrl/CartPole-v0", policy_kwargs=dict(net_arch=dict(vf=[8])), seed=0, device="cpu")
+    with pytest.raises(ValueError, match="'pi'.*'vf'.*\\['qf'\\]"):
+        cls("MlpPolicy", "fedrl/CartPole-v0", policy_kwargs=dict(net_arch=dict(pi=[8], qf=[3])), **kwargs)
+    with pytest.raises(ValueError, match="both size the critic"):
+        cls("MlpPolicy", "fedrl/CartPole-v0", critic_net_arch=[4], policy_kwargs=dict(net_arch=dict(vf=[8])), **kwargs)
+    with pytest.raises(ValueError, match="critic_net_arch"):
+        cls("MlpPolicy", "fedrl/CartPole-v0", policy_kwargs=dict(net_arch=dict(vf=["big"])), **kwargs)
+    same = cls("MlpPolicy", "fedrl/CartPole-v0", critic_net_arch=[8], policy_kwargs=dict(net_arch=dict(vf=[8])), **kwargs)
+    assert same.critic_net_arch == [8]

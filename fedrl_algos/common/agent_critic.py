@@ -58,6 +58,35 @@ class AgentCriticMixin:
     #: trajectories of its own (FedPG-BR), ``"server"``
     critic_owners: ClassVar[tuple[str, ...]] = ("agent",)
 
+    def __init__(self, *args: Any, policy_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, policy_kwargs=self._split_net_arch(policy_kwargs), **kwargs)  # type: ignore[call-arg]
+
+    def _split_net_arch(self, policy_kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        """SB3's ``policy_kwargs=dict(net_arch=dict(pi=[...], vf=[...]))``: ``pi`` is the policy's
+        ``net_arch``, ``vf`` the critic's hidden layers (``critic_net_arch``; ``baseline="critic"``
+        only). The policy keeps a plain list, so the saved ``policy_kwargs`` are the policy's own."""
+        given = self.__dict__.pop("_critic_net_arch_given", False)
+        if not policy_kwargs or not isinstance(policy_kwargs.get("net_arch"), dict):
+            return policy_kwargs
+        arch = policy_kwargs["net_arch"]
+        unknown = sorted(set(arch) - {"pi", "vf"})
+        if unknown:
+            raise ValueError(f"policy_kwargs['net_arch'] as a dict takes SB3's keys 'pi' (the policy) and 'vf' (the critic), got {unknown}")
+        if "vf" in arch:
+            if not self.uses_critic:
+                raise ValueError(f"policy_kwargs['net_arch']['vf'] sizes the critic, which needs baseline='critic', "
+                                 f"got baseline={self.__dict__.get('baseline')!r}")
+            vf = arch["vf"]
+            MlpCritic(1, vf, self.critic_activation)  # checks the sizes (ValueError naming critic_net_arch)
+            if given and list(vf) != self.critic_net_arch:
+                raise ValueError(f"policy_kwargs['net_arch']['vf'] = {vf!r} and critic_net_arch = {self.critic_net_arch!r} "
+                                 f"both size the critic: give one")
+            self.critic_net_arch = list(vf)
+        rest = {key: value for key, value in policy_kwargs.items() if key != "net_arch"}
+        if "pi" in arch:
+            rest["net_arch"] = arch["pi"]
+        return rest
+
     def _set_critic_settings(
         self,
         estimator: str,
@@ -78,6 +107,8 @@ class AgentCriticMixin:
             if critic_aggregation not in self.critic_aggregations:
                 raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
                                  f"got {critic_aggregation!r}")
+            # SB3's net_arch=dict(vf=...) may size it instead (_split_net_arch, called next by __init__)
+            self._critic_net_arch_given = critic_net_arch is not None
             critic_net_arch = [64, 64] if critic_net_arch is None else critic_net_arch
             MlpCritic(1, critic_net_arch, critic_activation)  # checks the architecture's arguments
             critic_net_arch = list(critic_net_arch)
