@@ -14,6 +14,7 @@ import torch
 
 from fedrl_algos.core.critic import (
     CRITIC_AGGREGATIONS,
+    CnnCritic,
     CriticGradient,
     CriticState,
     MlpCritic,
@@ -78,9 +79,10 @@ class AgentCriticMixin:
             if critic_aggregation not in self.critic_aggregations:
                 raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
                                  f"got {critic_aggregation!r}")
-            critic_net_arch = [64, 64] if critic_net_arch is None else critic_net_arch
-            MlpCritic(1, critic_net_arch, critic_activation)  # checks the architecture's arguments
-            critic_net_arch = list(critic_net_arch)
+            # checks the architecture's arguments (None: the network's default, [64, 64] or, for
+            # image observations, the CNN critic's [512]; critic_for_space checks the image case)
+            MlpCritic(1, [64, 64] if critic_net_arch is None else critic_net_arch, critic_activation)
+            critic_net_arch = None if critic_net_arch is None else list(critic_net_arch)
         else:
             check_estimator_and_baseline(estimator, baseline)
         self.baseline = baseline
@@ -96,13 +98,13 @@ class AgentCriticMixin:
         """Whether the model's baseline is the learned critic."""
         return self.__dict__.get("baseline") == "critic"
 
-    def _make_critic(self) -> MlpCritic | None:
+    def _make_critic(self) -> MlpCritic | CnnCritic | None:
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if not self.uses_critic:
             return None
         return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"))
 
-    def _setup_agent_critic(self) -> MlpCritic | None:
+    def _setup_agent_critic(self) -> MlpCritic | CnnCritic | None:
         """The value network (``None`` without the critic), also kept as :attr:`critic_network`;
         the critic fields of every owner (:attr:`critic_owners`) are made (from the seed) where the
         model holds none, and moved to the model's device."""
