@@ -267,11 +267,13 @@ class CnnCritic(_FlatCritic):
     ordinary convolution per row of φ over all of that row's frames (a loop over the rows, each
     step one whole batched convolution), ``"grouped"`` stacks the rows as the groups of one grouped
     convolution per layer (no loop); the linear layer is a batched matmul and the output layer an
-    elementwise product and sum in both. Measured on this 2-core CPU (float32, one thread,
-    ``(4, 84, 84)`` ``uint8`` frames, 8 episodes × 250 steps = 2,000 frames per row, best of 2):
-    see ``docs/algorithms/baselines.md`` — ``"rows"`` is the fastest on CPU, ahead of the grouped
-    convolution and of ``torch.func.vmap`` over the rows (which functorch lowers to a grouped
-    convolution too). ``"rows"`` is also the only one whose result for a row does not depend on
+    elementwise product and sum in both. Measured on this shared 2-core CPU (float32, one thread,
+    ``(4, 84, 84)`` ``uint8`` frames, 8 episodes × 250 steps = 2,000 frames per row, best of 2;
+    ``docs/algorithms/baselines.md``): forward for 2 / 4 rows 2.7 / 6.0 s ``"rows"``, 4.2 / 7.3 s
+    grouped, 4.7 / 9.8 s ``torch.func.vmap`` of the per-row network (functorch lowers it to a
+    grouped convolution too); forward and backward 8.0 / 17.4 s, 9.8 / 15.6 s, 9.9 / 21.8 s.
+    ``"rows"`` is the fastest forward and level with the grouped form in the fit (within the
+    machine's noise); it is also the only one whose result for a row does not depend on
     how many rows the batch holds (a one-agent Flower client computes what the whole federation
     does, bitwise), so ``"auto"`` (the default) takes ``"rows"`` on CPU and the one-kernel
     ``"grouped"`` elsewhere.
