@@ -136,7 +136,17 @@ _CRITIC = {
                                     attack="sign_flip", baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
     "mfpo": lambda agg: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=2, n_trajectories=3, initial_trajectories=4,
                              baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
+    # image observations: the Nature-CNN critic (tests/test_cnn_critic.py's test-only env)
+    "mfpo_cnn": lambda agg: _cnn_critic_mfpo(agg),
 }
+
+
+def _cnn_critic_mfpo(aggregation):
+    from test_cnn_critic import IMAGE_ENV  # registers the test-only image env
+
+    return MFPO("CnnPolicy", IMAGE_ENV, agent_kwargs=[{"speed": 2}, {"speed": 3}], seed=1, device="cpu", local_steps=2,
+                n_trajectories=2, initial_trajectories=3, baseline="critic", n_critic_epochs=2, critic_net_arch=[16],
+                critic_aggregation=aggregation, policy_kwargs=dict(features_dim=16), eval_trajectories=0)
 _CRITIC_CASES = [(name, agg) for name in _CRITIC for agg in (("local",) if name == "independent_pg" else ("local", "average"))]
 
 

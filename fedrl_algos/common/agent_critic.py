@@ -14,6 +14,7 @@ import torch
 
 from fedrl_algos.core.critic import (
     CRITIC_AGGREGATIONS,
+    CnnCritic,
     CriticGradient,
     CriticState,
     MlpCritic,
@@ -65,7 +66,6 @@ class AgentCriticMixin:
         """SB3's ``policy_kwargs=dict(net_arch=dict(pi=[...], vf=[...]))``: ``pi`` is the policy's
         ``net_arch``, ``vf`` the critic's hidden layers (``critic_net_arch``; ``baseline="critic"``
         only). The policy keeps a plain list, so the saved ``policy_kwargs`` are the policy's own."""
-        given = self.__dict__.pop("_critic_net_arch_given", False)
         if not policy_kwargs or not isinstance(policy_kwargs.get("net_arch"), dict):
             return policy_kwargs
         arch = policy_kwargs["net_arch"]
@@ -78,7 +78,7 @@ class AgentCriticMixin:
                                  f"got baseline={self.__dict__.get('baseline')!r}")
             vf = arch["vf"]
             MlpCritic(1, vf, self.critic_activation)  # checks the sizes (ValueError naming critic_net_arch)
-            if given and list(vf) != self.critic_net_arch:
+            if self.critic_net_arch is not None and list(vf) != self.critic_net_arch:
                 raise ValueError(f"policy_kwargs['net_arch']['vf'] = {vf!r} and critic_net_arch = {self.critic_net_arch!r} "
                                  f"both size the critic: give one")
             self.critic_net_arch = list(vf)
@@ -107,11 +107,10 @@ class AgentCriticMixin:
             if critic_aggregation not in self.critic_aggregations:
                 raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
                                  f"got {critic_aggregation!r}")
-            # SB3's net_arch=dict(vf=...) may size it instead (_split_net_arch, called next by __init__)
-            self._critic_net_arch_given = critic_net_arch is not None
-            critic_net_arch = [64, 64] if critic_net_arch is None else critic_net_arch
-            MlpCritic(1, critic_net_arch, critic_activation)  # checks the architecture's arguments
-            critic_net_arch = list(critic_net_arch)
+            # checks the architecture's arguments (None: the network's default, [64, 64] or, for
+            # image observations, the CNN critic's [512]; critic_for_space checks the image case)
+            MlpCritic(1, [64, 64] if critic_net_arch is None else critic_net_arch, critic_activation)
+            critic_net_arch = None if critic_net_arch is None else list(critic_net_arch)
         else:
             check_estimator_and_baseline(estimator, baseline)
         self.baseline = baseline
@@ -127,13 +126,13 @@ class AgentCriticMixin:
         """Whether the model's baseline is the learned critic."""
         return self.__dict__.get("baseline") == "critic"
 
-    def _make_critic(self) -> MlpCritic | None:
+    def _make_critic(self) -> MlpCritic | CnnCritic | None:
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if not self.uses_critic:
             return None
         return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"))
 
-    def _setup_agent_critic(self) -> MlpCritic | None:
+    def _setup_agent_critic(self) -> MlpCritic | CnnCritic | None:
         """The value network (``None`` without the critic), also kept as :attr:`critic_network`;
         the critic fields of every owner (:attr:`critic_owners`) are made (from the seed) where the
         model holds none, and moved to the model's device."""

@@ -4,7 +4,9 @@
 a linear output) whose parameters are one flat tensor per agent, ``φ [*B, d_φ]`` (``B``: runs ×
 agents), evaluated for every agent at once by batched matmuls over the leading axes (no loop over
 agents or trajectories). Integer (``Discrete``) observations, such as the gridworld's state index,
-are one-hot encoded; with ``net_arch=[]`` the critic is then a table. The output is
+are one-hot encoded; with ``net_arch=[]`` the critic is then a table. Image observations (a 3-D
+``uint8`` ``Box``) get :class:`CnnCritic` instead, SB3's Nature CNN with a linear value head, on the
+same flat φ (:func:`critic_for_space`). The output is
 PopArt-normalised (van Hasselt et al., 2016): ``V(s) = μ + σ·f_φ(s)`` with per-agent target
 statistics ``μ, σ`` set to the last fitted batch's, the output layer rescaled so that a change of
 statistics leaves V unchanged; the network itself fits targets of order 1 whatever the reward
@@ -63,6 +65,7 @@ __all__ = [
     "CriticGradient",
     "CriticState",
     "MlpCritic",
+    "CnnCritic",
     "critic_for_space",
     "average_critics",
     "federate_critics",
@@ -108,7 +111,84 @@ def check_critic_settings(gae_lambda: float, n_critic_epochs: int, critic_learni
         raise ValueError(f"critic_aggregation must be one of {CRITIC_AGGREGATIONS}, got {critic_aggregation!r}")
 
 
-class MlpCritic:
+class _FlatCritic:
+    """What every value network shares (:class:`MlpCritic`, :class:`CnnCritic`): φ flat ``[*B, d_φ]``
+    ending with a linear output layer of ``head_inputs`` weights and one bias (which PopArt
+    rescales), the output normalisation and the fit. A subclass sets ``n_params`` and
+    ``head_inputs`` and defines ``initial_phi`` and ``network``."""
+
+    n_params: int
+    #: inputs of the linear output layer: the last ``head_inputs + 1`` entries of φ are its weights and bias
+    head_inputs: int
+
+    def network(self, phi: torch.Tensor, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def initial_state(self, phi: torch.Tensor) -> CriticState:
+        """A fresh :class:`CriticState` from φ ``[*B, d_φ]`` (zero Adam state, μ = 0, σ = 1)."""
+        batch = phi.shape[:-1]
+        return CriticState(phi, AdamState.zeros_like(phi), phi.new_zeros(batch), phi.new_ones(batch))
+
+    def values(self, state: CriticState, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        """``V(s) = μ + σ f_φ(s)``: ``[*B, m, T]``."""
+        f = self.network(state.phi, obs, batch_dims)
+        return state.mean[(...,) + (None,) * 2] + state.scale[(...,) + (None,) * 2] * f
+
+    def _renormalize(self, state: CriticState, mean: torch.Tensor, scale: torch.Tensor) -> CriticState:
+        """New statistics ``(mean, scale)`` with the output layer rescaled so that V is unchanged (PopArt)."""
+        i = self.head_inputs
+        ratio = (state.scale / scale).unsqueeze(-1)
+        phi = state.phi
+        w, b = phi[..., -i - 1:-1], phi[..., -1:]
+        new_b = (state.scale.unsqueeze(-1) * b + state.mean.unsqueeze(-1) - mean.unsqueeze(-1)) / scale.unsqueeze(-1)
+        phi = torch.cat((phi[..., :-i - 1], w * ratio, new_b), -1)
+        return CriticState(phi, state.moments, mean, scale)
+
+    def loss(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The regression loss of every row, in normalised units: the mean over running steps of
+        ``(f_φ(s) − (y − μ)/σ)²``, ``[*B]``."""
+        alive = (mask > 0).to(state.phi.dtype)
+        batch_dims = targets.dim()
+        y = (targets.to(state.phi.dtype) - state.mean[(...,) + (None,) * 2]) / state.scale[(...,) + (None,) * 2]
+        err = torch.where(alive > 0, self.network(state.phi, obs, batch_dims) - y, torch.zeros_like(y))
+        return (err**2).sum((-1, -2)) / alive.sum((-1, -2)).clamp(min=1)
+
+    def normalized_to(self, state: CriticState, targets: torch.Tensor, mask: torch.Tensor) -> CriticState:
+        """``state`` with the statistics μ, σ of ``targets [*B, m, T]`` over the running steps (rows
+        without one keep theirs), the output layer rescaled so that V is unchanged (:meth:`_renormalize`)."""
+        with torch.no_grad():
+            alive = (mask > 0).to(state.phi.dtype)
+            y = targets.to(state.phi.dtype)
+            count = alive.sum((-1, -2)).clamp(min=1)
+            mean = (y * alive).sum((-1, -2)) / count
+            var = (((y - mean[(...,) + (None,) * 2]) * alive) ** 2).sum((-1, -2)) / count
+            has = alive.sum((-1, -2)) > 0
+            mean = torch.where(has, mean, state.mean)
+            scale = torch.where(has, var.sqrt().clamp(min=MIN_SCALE), state.scale)
+            return self._renormalize(state, mean, scale)
+
+    def regress(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, n_steps: int, lr: float
+                ) -> CriticState:
+        """``n_steps`` full-batch Adam steps of size ``lr`` on :meth:`loss` at the statistics ``state``
+        holds (no renormalisation), every row on its own batch, all rows in one autograd call."""
+        phi, moments = state.phi.detach(), state.moments
+        for _ in range(n_steps):
+            with torch.enable_grad():
+                p = phi.requires_grad_(True)
+                loss = self.loss(CriticState(p, moments, state.mean, state.scale), obs, targets, mask).sum()
+                (grad,) = torch.autograd.grad(loss, p)
+            phi, moments = adam_ascent(phi.detach(), -grad, moments, lr)
+        return CriticState(phi.detach(), moments, state.mean, state.scale)
+
+    def fit(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, n_epochs: int, lr: float
+            ) -> CriticState:
+        """Regress V on ``targets [*B, m, T]`` over the running steps: first the statistics μ, σ
+        become the batch's (the output layer rescaled, :meth:`normalized_to`), then ``n_epochs``
+        full-batch Adam steps of size ``lr`` on :meth:`loss` (:meth:`regress`), every row on its own batch."""
+        return self.regress(self.normalized_to(state, targets, mask), obs, targets, mask, n_epochs, lr)
+
+
+class MlpCritic(_FlatCritic):
     """The value network ``f_φ`` of every agent, φ flat ``[*B, d_φ]`` (see the module docstring).
 
     :param n_inputs: observation size (for ``discrete``: the number of states)
@@ -126,6 +206,7 @@ class MlpCritic:
         self.n_inputs, self.net_arch, self.activation, self.discrete = int(n_inputs), [int(h) for h in net_arch], activation, bool(discrete)
         self.sizes = [self.n_inputs, *self.net_arch, 1]
         self.n_params = sum(i * o + o for i, o in zip(self.sizes[:-1], self.sizes[1:], strict=True))
+        self.head_inputs = self.sizes[-2]
 
     def initial_phi(self, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """φ ``[d_φ]``: hidden weights N(0, 1/fan_in)·gain (SB3's orthogonal gain √2 in scale), zero
@@ -137,11 +218,6 @@ class MlpCritic:
             w = torch.zeros(i, o, dtype=torch.float64) if last else torch.randn(i, o, generator=gen, dtype=torch.float64) * math.sqrt(2.0 / i)
             parts += [w.reshape(-1), torch.zeros(o, dtype=torch.float64)]
         return torch.cat(parts).to(dtype)
-
-    def initial_state(self, phi: torch.Tensor) -> CriticState:
-        """A fresh :class:`CriticState` from φ ``[*B, d_φ]`` (zero Adam state, μ = 0, σ = 1)."""
-        batch = phi.shape[:-1]
-        return CriticState(phi, AdamState.zeros_like(phi), phi.new_zeros(batch), phi.new_ones(batch))
 
     def _inputs(self, obs: torch.Tensor, batch_dims: int, dtype: torch.dtype) -> torch.Tensor:
         lead = obs.shape[:batch_dims]
@@ -172,62 +248,113 @@ class MlpCritic:
                 x = act(x)
         return x.reshape(lead)
 
-    def values(self, state: CriticState, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
-        """``V(s) = μ + σ f_φ(s)``: ``[*B, m, T]``."""
-        f = self.network(state.phi, obs, batch_dims)
-        return state.mean[(...,) + (None,) * 2] + state.scale[(...,) + (None,) * 2] * f
 
-    def _renormalize(self, state: CriticState, mean: torch.Tensor, scale: torch.Tensor) -> CriticState:
-        """New statistics ``(mean, scale)`` with the output layer rescaled so that V is unchanged (PopArt)."""
-        i = self.sizes[-2]
-        ratio = (state.scale / scale).unsqueeze(-1)
-        phi = state.phi
-        w, b = phi[..., -i - 1:-1], phi[..., -1:]
-        new_b = (state.scale.unsqueeze(-1) * b + state.mean.unsqueeze(-1) - mean.unsqueeze(-1)) / scale.unsqueeze(-1)
-        phi = torch.cat((phi[..., :-i - 1], w * ratio, new_b), -1)
-        return CriticState(phi, state.moments, mean, scale)
+class CnnCritic(_FlatCritic):
+    """SB3's Nature CNN value network of every agent for image observations, φ flat ``[*B, d_φ]``.
 
-    def loss(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The regression loss of every row, in normalised units: the mean over running steps of
-        ``(f_φ(s) − (y − μ)/σ)²``, ``[*B]``."""
-        alive = (mask > 0).to(state.phi.dtype)
-        batch_dims = targets.dim()
-        y = (targets.to(state.phi.dtype) - state.mean[(...,) + (None,) * 2]) / state.scale[(...,) + (None,) * 2]
-        err = torch.where(alive > 0, self.network(state.phi, obs, batch_dims) - y, torch.zeros_like(y))
-        return (err**2).sum((-1, -2)) / alive.sum((-1, -2)).clamp(min=1)
+    Architecture (SB3's ``NatureCNN`` then a linear value head): conv 32 8×8 stride 4 → ReLU → conv 64
+    4×4 stride 2 → ReLU → conv 64 3×3 stride 1 → ReLU → flatten → linear ``features_dim`` (512) →
+    ReLU → linear 1. ``uint8`` pixels are scaled by 1/255 (SB3's ``normalize_images``);
+    channel-last observations ``(H, W, C)`` are transposed to channel-first, the layout of fedrl's
+    Atari wrappers (``(4, 84, 84)``). The trunk is :class:`~fedrl_algos.policies.cnn.CnnPolicy`'s
+    (a one-logit CnnPolicy: its layer definitions, θ layout, forward and orthogonal
+    initialisation, gain √2), so φ's layout is a CnnPolicy θ for one action: convolutions, the
+    linear layer ``[n_flatten, features_dim]`` + bias, the output layer ``[features_dim]`` + bias
+    (the last ``features_dim + 1`` entries, which PopArt rescales). The output layer starts at zero
+    (V = μ), as :class:`MlpCritic`'s. For ``(4, 84, 84)`` frames ``d_φ = 1,684,641``.
 
-    def fit(self, state: CriticState, obs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, n_epochs: int, lr: float
-            ) -> CriticState:
-        """Regress V on ``targets [*B, m, T]`` over the running steps: first the statistics μ, σ
-        become the batch's (the output layer rescaled, :meth:`_renormalize`), then ``n_epochs``
-        full-batch Adam steps of size ``lr`` on :meth:`loss`, every row on its own batch."""
-        with torch.no_grad():
-            alive = (mask > 0).to(state.phi.dtype)
-            y = targets.to(state.phi.dtype)
-            count = alive.sum((-1, -2)).clamp(min=1)
-            mean = (y * alive).sum((-1, -2)) / count
-            var = (((y - mean[(...,) + (None,) * 2]) * alive) ** 2).sum((-1, -2)) / count
-            has = alive.sum((-1, -2)) > 0
-            mean = torch.where(has, mean, state.mean)
-            scale = torch.where(has, var.sqrt().clamp(min=MIN_SCALE), state.scale)
-            state = self._renormalize(state, mean, scale)
-        phi, moments = state.phi.detach(), state.moments
-        for _ in range(n_epochs):
-            with torch.enable_grad():
-                p = phi.requires_grad_(True)
-                loss = self.loss(CriticState(p, moments, state.mean, state.scale), obs, targets, mask).sum()
-                (grad,) = torch.autograd.grad(loss, p)
-            phi, moments = adam_ascent(phi.detach(), -grad, moments, lr)
-        return CriticState(phi.detach(), moments, state.mean, state.scale)
+    **Batching over the rows of φ** (``conv_batching``, as CnnPolicy's): ``"rows"`` runs one
+    ordinary convolution per row of φ over all of that row's frames (a loop over the rows, each
+    step one whole batched convolution), ``"grouped"`` stacks the rows as the groups of one grouped
+    convolution per layer (no loop); the linear layer is a batched matmul and the output layer an
+    elementwise product and sum in both. Measured on this shared 2-core CPU (float32, one thread,
+    ``(4, 84, 84)`` ``uint8`` frames, 8 episodes × 250 steps = 2,000 frames per row, best of 2;
+    ``docs/algorithms/baselines.md``): forward for 2 / 4 rows 2.7 / 6.0 s ``"rows"``, 4.2 / 7.3 s
+    grouped, 4.7 / 9.8 s ``torch.func.vmap`` of the per-row network (functorch lowers it to a
+    grouped convolution too); forward and backward 8.0 / 17.4 s, 9.8 / 15.6 s, 9.9 / 21.8 s.
+    ``"rows"`` is the fastest forward and level with the grouped form in the fit (within the
+    machine's noise); it is also the only one whose result for a row does not depend on
+    how many rows the batch holds (a one-agent Flower client computes what the whole federation
+    does, bitwise), so ``"auto"`` (the default) takes ``"rows"`` on CPU and the one-kernel
+    ``"grouped"`` elsewhere.
+
+    :param observation_space: an image ``Box`` (``uint8``, 3-D; SB3's ``is_image_space``) of at
+        least 36×36 pixels
+    :param features_dim: width of the linear layer after the convolutions (SB3's 512)
+    :param conv_batching: ``"auto"``, ``"rows"`` or ``"grouped"`` (above)
+    """
+
+    def __init__(self, observation_space: gym_spaces.Space, features_dim: int = 512, conv_batching: str = "auto") -> None:
+        from stable_baselines3.common.preprocessing import is_image_space, is_image_space_channels_first
+
+        from fedrl_algos.policies.cnn import CnnPolicy
+
+        if not isinstance(observation_space, gym_spaces.Box) or not is_image_space(observation_space, check_channels=False):
+            raise ValueError(f"CnnCritic needs an image observation space (a 3-D uint8 Box, SB3's is_image_space), got {observation_space}")
+        shape = tuple(int(x) for x in observation_space.shape)
+        self.observation_space = observation_space
+        self.channels_last = not is_image_space_channels_first(observation_space)
+        chw = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        # the trunk: a one-logit CnnPolicy (float64, so that initial_phi is exact in any dtype)
+        self.trunk = CnnPolicy(gym_spaces.Box(0, 255, chw, observation_space.dtype), gym_spaces.Discrete(1), features_dim=features_dim,
+                               conv_batching=conv_batching, dtype=torch.float64)
+        self.features_dim, self.conv_batching = self.trunk.features_dim, conv_batching
+        self.image_shape = shape
+        self.n_params = self.trunk.n_params
+        self.head_inputs = self.features_dim
+
+    def initial_phi(self, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """φ ``[d_φ]``: CnnPolicy's orthogonal initialisation from ``seed`` (gain √2, biases zero)
+        with a zero output layer (V = μ at the start)."""
+        phi = self.trunk.initial_parameters(int(seed) % (2**63)).to(torch.float64).clone()
+        phi[-self.head_inputs - 1:] = 0.0
+        return phi.to(dtype)
+
+    def network(self, phi: torch.Tensor, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        """``f_φ(s)`` of every step: ``[*B, m, T]`` from ``obs [*B, m, T, *image]`` (``batch_dims`` =
+        3 + len(B)); every row of φ on its own frames (``conv_batching``, class docstring)."""
+        batch = phi.shape[:-1]
+        lead = obs.shape[:batch_dims]
+        if tuple(obs.shape[batch_dims:]) != self.image_shape or tuple(lead[:len(batch)]) != tuple(batch):
+            raise ValueError(f"obs must have shape [*B, m, T, {', '.join(map(str, self.image_shape))}] with B = {tuple(batch)} "
+                             f"(φ's batch axes), got {tuple(obs.shape)}")
+        n_rows = math.prod(batch)
+        x = obs.reshape(n_rows, -1, *self.image_shape)  # [rows, frames, *image]
+        if self.channels_last:
+            x = x.permute(0, 1, 4, 2, 3)
+        convs, linears = self.trunk._unflatten(phi.reshape(n_rows, phi.shape[-1]))
+        h = self.trunk._conv_features(convs, x)  # [rows, frames, n_flatten]
+        (w, b), (w_out, b_out) = linears
+        h = torch.relu(torch.baddbmm(b, h, w))  # [rows, frames, features_dim]
+        # the output layer: an elementwise product and sum (a row's V does not depend on how many rows there are)
+        v = (h * w_out.transpose(-1, -2)).sum(-1) + b_out[..., 0]
+        return v.reshape(lead)
 
 
+def critic_for_space(space: gym_spaces.Space, net_arch: Sequence[int] | None = None, activation: str = "tanh") -> MlpCritic | CnnCritic:
+    """The value network of ``baseline="critic"`` for observations of ``space``.
 
-def critic_for_space(space: gym_spaces.Space, net_arch: Sequence[int] = (64, 64), activation: str = "tanh") -> MlpCritic:
-    """The value network of ``baseline="critic"`` for observations of ``space``: one-hot inputs for a
-    ``Discrete`` space (a table with ``net_arch=[]``), the flattened observation otherwise."""
+    * An image space (a 3-D ``uint8`` ``Box``, SB3's ``is_image_space``): :class:`CnnCritic`, SB3's
+      Nature CNN; ``net_arch`` is then the width of the linear layer after the convolutions, a
+      one-element list (default ``None``: ``[512]``, SB3's ``features_dim``); the Nature CNN's
+      activations are ReLU, whatever ``activation`` says.
+    * Otherwise :class:`MlpCritic` with hidden layers ``net_arch`` (default ``None``: ``[64, 64]``):
+      one-hot inputs for a ``Discrete`` space (a table with ``net_arch=[]``), the flattened
+      observation otherwise.
+    """
+    from stable_baselines3.common.preprocessing import is_image_space
+
+    if isinstance(space, gym_spaces.Box) and is_image_space(space, check_channels=False):
+        if net_arch is None:
+            return CnnCritic(space)
+        if isinstance(net_arch, str | bytes) or not isinstance(net_arch, Sequence) or len(net_arch) != 1 or isinstance(net_arch[0], bool) \
+                or not isinstance(net_arch[0], int) or net_arch[0] < 1:
+            raise ValueError("critic_net_arch of image observations is the width of the linear layer after the Nature CNN's "
+                             f"convolutions, a one-element list such as [512], got {net_arch!r}")
+        return CnnCritic(space, int(net_arch[0]))
     discrete = isinstance(space, gym_spaces.Discrete)
     n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
-    return MlpCritic(n_inputs, net_arch, activation, discrete)
+    return MlpCritic(n_inputs, (64, 64) if net_arch is None else net_arch, activation, discrete)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, gae_lambda: float) -> torch.Tensor:
@@ -271,7 +398,7 @@ def critic_step_weights(
 
 
 def critic_batch_weights(
-    critic: MlpCritic,
+    critic: MlpCritic | CnnCritic,
     state: CriticState,
     traj: Trajectories,
     gamma: float,
@@ -304,7 +431,7 @@ def select_critics(keep: torch.Tensor, new: CriticState, old: CriticState) -> Cr
                        pick(new.mean, old.mean), pick(new.scale, old.scale))
 
 
-def average_critics(critic: MlpCritic, state: CriticState, weights: torch.Tensor | None = None) -> CriticState:
+def average_critics(critic: MlpCritic | CnnCritic, state: CriticState, weights: torch.Tensor | None = None) -> CriticState:
     """The server's rule ``critic_aggregation="average"`` over the agent axis (the last batch axis):
     every agent's output layer is brought to the agents' mean statistics (μ̄, σ̄; its V unchanged,
     PopArt), then φ and the fit's Adam moments are averaged and broadcast to every agent (batch
@@ -347,7 +474,7 @@ def average_critics(critic: MlpCritic, state: CriticState, weights: torch.Tensor
 
 
 def federate_critics(
-    critic: MlpCritic, fitted: CriticState, start: CriticState, aggregation: str, participating: torch.Tensor | None = None
+    critic: MlpCritic | CnnCritic, fitted: CriticState, start: CriticState, aggregation: str, participating: torch.Tensor | None = None
 ) -> CriticState:
     """Every agent's critic after a round, batch ``[*R, n]``: the agents that took part in the
     round (``participating [*R, n]``, bool; ``None``: every agent) keep what they fitted, the
@@ -407,7 +534,7 @@ class CriticGradient(GradientEstimator):
         policy,
         gamma: float,
         m: int,
-        critic: MlpCritic,
+        critic: MlpCritic | CnnCritic,
         gae_lambda: float = 1.0,
         n_epochs: int = 5,
         lr: float = 1e-3,

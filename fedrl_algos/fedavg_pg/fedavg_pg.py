@@ -97,7 +97,8 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         baseline ``γ^h V(s_h)``, unbiased; SB3's 0.95 has less variance and a bias)
     :param n_critic_epochs: full-batch Adam steps of the critic's regression per local step
     :param critic_learning_rate: their step size
-    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``)
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; for image observations the
+        width of the CNN critic's linear layer after its convolutions, default ``[512]``)
     :param critic_activation: ``"tanh"`` (default) or ``"relu"``
     :param critic_aggregation: the federated rule for φ: ``"local"`` (default: each agent keeps its
         own critic: heterogeneous agents have different value functions, and the value of the

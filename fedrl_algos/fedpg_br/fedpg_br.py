@@ -104,7 +104,8 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         variance and a bias)
     :param n_critic_epochs: full-batch Adam steps of each critic fit
     :param critic_learning_rate: their step size
-    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``)
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; for image observations the
+        width of the CNN critic's linear layer after its convolutions, default ``[512]``)
     :param critic_activation: ``"tanh"`` (default) or ``"relu"``
     :param critic_aggregation: the federated rule for the agents' φ: ``"local"`` (default: each agent
         keeps its own: heterogeneous agents have different value functions) or ``"average"`` (each

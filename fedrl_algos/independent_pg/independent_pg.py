@@ -64,7 +64,8 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
         variance and a bias)
     :param n_critic_epochs: full-batch Adam steps of the critic's regression per step
     :param critic_learning_rate: their step size
-    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``)
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; for image observations the
+        width of the CNN critic's linear layer after its convolutions, default ``[512]``)
     :param critic_activation: ``"tanh"`` (default) or ``"relu"``
     :param critic_aggregation: ``"local"`` only: independent agents do not communicate, so each
         keeps its own critic (kept in ``agent_critic_*`` and saved with the model)

@@ -99,7 +99,8 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         baseline ``γ^h V(s_h)``, unbiased; SB3's 0.95 has less variance and a bias)
     :param n_critic_epochs: full-batch Adam steps of the critic's regression per local step
     :param critic_learning_rate: their step size
-    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; the flat MLP policies
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; for image observations the
+        width of the CNN critic's linear layer after its convolutions, default ``[512]``; the flat MLP policies
         take a list ``net_arch``, so the critic's sizes are their own argument)
     :param critic_activation: ``"tanh"`` (default) or ``"relu"``
     :param critic_aggregation: the federated rule for φ: ``"local"`` (default: each agent keeps its

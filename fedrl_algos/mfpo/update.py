@@ -15,7 +15,14 @@ from typing import Any, NamedTuple
 import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
-from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics, check_critic_settings, critic_batch_weights
+from fedrl_algos.core.critic import (
+    CnnCritic,
+    CriticState,
+    MlpCritic,
+    average_critics,
+    check_critic_settings,
+    critic_batch_weights,
+)
 from fedrl_algos.core.gpomdp import (
     ScoreFunctionGradient,
     check_normalize_returns,
@@ -166,7 +173,7 @@ class MFPOUpdate:
     :param optimizer: ``"sgd"``: the paper's steps ``θ ← θ + α_t ũ`` (eq. 5 and 7); ``"adam"``: Adam
         steps of size α_t along ũ, the agents' Adam moments averaged by the server with the
         directions (the state's ``moments``; not the paper's, see ``docs/algorithms/mfpo.md``)
-    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic`);
+    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic` or, for images, :class:`~fedrl_algos.core.critic.CnnCritic`);
         the state's ``critic`` holds every agent's φ. Each local step weights its batch with the
         critic fitted on the earlier batches (GAE(λ), :func:`~fedrl_algos.core.critic.critic_step_weights`),
         g and the importance-weighted g_prev of eq. (3) share those weights (the same critic values),
@@ -198,7 +205,7 @@ class MFPOUpdate:
         normalize_advantage: bool = False,
         optimizer: str = "sgd",
         discounting: str = "absolute",
-        critic: MlpCritic | None = None,
+        critic: MlpCritic | CnnCritic | None = None,
         gae_lambda: float = 1.0,
         n_critic_epochs: int = 5,
         critic_learning_rate: float = 1e-3,
@@ -209,7 +216,7 @@ class MFPOUpdate:
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         if baseline == "critic":
             if critic is None:
-                raise ValueError("baseline='critic' needs critic (an MlpCritic), got None")
+                raise ValueError("baseline='critic' needs critic (an MlpCritic or CnnCritic), got None")
             if estimator != "gpomdp":
                 raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
             check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
