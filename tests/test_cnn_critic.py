@@ -1,4 +1,4 @@
-"""The Nature-CNN critic (:class:`fedrl_algos.core.critic.CnnCritic`, ``baseline="critic"`` on images).
+"""The Nature-CNN critic (:class:`fedrl_algos.policies.critics.CnnCritic`, ``baseline="critic"`` on images).
 
 * The fit's gradient equals finite differences (float64, 36×36×4 frames, a narrow linear layer).
 * Every row of φ computed in one batched call equals that row alone (bitwise with ``"rows"``,
@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fedrl_algos import MFPO
-from fedrl_algos.core.critic import CnnCritic, CriticState, MlpCritic, average_critics, critic_for_space
+from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics
+from fedrl_algos.policies.critics import CnnCritic, critic_for_space
 
 #: a test-only image env, registered here (also used by tests/test_flower.py)
 IMAGE_ENV = "TestOnlyCriticSquares-v0"

@@ -14,16 +14,16 @@ import torch
 
 from fedrl_algos.core.critic import (
     CRITIC_AGGREGATIONS,
-    CnnCritic,
     CriticGradient,
     CriticState,
+    FlatCritic,
     MlpCritic,
     check_critic_settings,
-    critic_for_space,
     federate_critics,
 )
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState
+from fedrl_algos.policies.critics import critic_for_space
 
 __all__ = ["AgentCriticMixin", "CRITIC_FIELDS", "CRITIC_SETTINGS", "critic_fields"]
 
@@ -126,13 +126,13 @@ class AgentCriticMixin:
         """Whether the model's baseline is the learned critic."""
         return self.__dict__.get("baseline") == "critic"
 
-    def _make_critic(self) -> MlpCritic | CnnCritic | None:
+    def _make_critic(self) -> FlatCritic | None:
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if not self.uses_critic:
             return None
         return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"))
 
-    def _setup_agent_critic(self) -> MlpCritic | CnnCritic | None:
+    def _setup_agent_critic(self) -> FlatCritic | None:
         """The value network (``None`` without the critic), also kept as :attr:`critic_network`;
         the critic fields of every owner (:attr:`critic_owners`) are made (from the seed) where the
         model holds none, and moved to the model's device."""

@@ -16,7 +16,7 @@ import torch
 
 from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates, warn_rejected
 from fedrl_algos.core.attacks import Attack, make_attack
-from fedrl_algos.core.critic import CnnCritic, CriticGradient, MlpCritic
+from fedrl_algos.core.critic import CriticGradient, FlatCritic
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_normalize_returns, paired_gradients, score_gradient
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
@@ -242,7 +242,7 @@ class FedPGBRUpdate:
         (Adam with step size η along ``v``, its state carried across rounds: the optimizer of
         FedPG-BR's experiments)
     :param discounting: ``"absolute"`` or ``"relative"`` reward-to-go (:mod:`fedrl_algos.core.gpomdp`)
-    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic` or, for images, :class:`~fedrl_algos.core.critic.CnnCritic`).
+    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic` or, for images, :class:`~fedrl_algos.policies.critics.CnnCritic`).
         Every agent weights its report with its own critic and fits it afterwards on the ``B_t``
         trajectories it used (:attr:`agent_critic`, a :class:`~fedrl_algos.core.critic.CriticGradient`
         whose ``state`` holds the agents' critics, batch ``[*R, n]``); the server weights each
@@ -276,7 +276,7 @@ class FedPGBRUpdate:
         attack: Attack | str | None = None,
         optimizer: str = "sgd",
         discounting: str = "absolute",
-        critic: MlpCritic | CnnCritic | None = None,
+        critic: FlatCritic | None = None,
         gae_lambda: float = 1.0,
         n_critic_epochs: int = 5,
         critic_learning_rate: float = 1e-3,

@@ -16,9 +16,8 @@ import torch
 
 from fedrl_algos.core.aggregation import OnReject, aggregate, masked_weights, validate_updates, warn_rejected
 from fedrl_algos.core.critic import (
-    CnnCritic,
     CriticState,
-    MlpCritic,
+    FlatCritic,
     average_critics,
     check_critic_settings,
     critic_batch_weights,
@@ -173,7 +172,7 @@ class MFPOUpdate:
     :param optimizer: ``"sgd"``: the paper's steps ``θ ← θ + α_t ũ`` (eq. 5 and 7); ``"adam"``: Adam
         steps of size α_t along ũ, the agents' Adam moments averaged by the server with the
         directions (the state's ``moments``; not the paper's, see ``docs/algorithms/mfpo.md``)
-    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic` or, for images, :class:`~fedrl_algos.core.critic.CnnCritic`);
+    :param critic: with ``baseline="critic"``: the value network (:class:`~fedrl_algos.core.critic.MlpCritic` or, for images, :class:`~fedrl_algos.policies.critics.CnnCritic`);
         the state's ``critic`` holds every agent's φ. Each local step weights its batch with the
         critic fitted on the earlier batches (GAE(λ), :func:`~fedrl_algos.core.critic.critic_step_weights`),
         g and the importance-weighted g_prev of eq. (3) share those weights (the same critic values),
@@ -205,7 +204,7 @@ class MFPOUpdate:
         normalize_advantage: bool = False,
         optimizer: str = "sgd",
         discounting: str = "absolute",
-        critic: MlpCritic | CnnCritic | None = None,
+        critic: FlatCritic | None = None,
         gae_lambda: float = 1.0,
         n_critic_epochs: int = 5,
         critic_learning_rate: float = 1e-3,

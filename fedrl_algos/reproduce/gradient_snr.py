@@ -8,7 +8,7 @@ equals its noise (``tr Σ / ‖μ‖²``), and the mean cosine between the means
 Pong/Breakout setting at the initial Nature-CNN policy (``docs/reproduction_mfpo.md``): one batch of
 ``episodes`` 250-step episodes per agent, GPOMDP terms with the leave-one-out baseline over the batch.
 With ``baseline="critic"`` the first ``fit_episodes`` episodes fit every agent's Nature-CNN critic
-(:class:`~fedrl_algos.core.critic.CnnCritic`: minibatch Adam on the returns-to-go, ``critic_epochs``
+(:class:`~fedrl_algos.policies.critics.CnnCritic`: minibatch Adam on the returns-to-go, ``critic_epochs``
 passes) and the others are measured twice: with GAE(λ = 1) advantages ``G^h − V(s_h)`` from the
 frozen critic, and with the leave-one-out baseline over those same episodes.
 """
@@ -103,9 +103,10 @@ def atari_gradient_snr(game: str = "pong", episodes: int = 200, seed: int = 0, g
         and, with the critic, ``"loo_agents"``, ``"explained_variance"`` (``1 − Var(G − V)/Var(G)``
         per agent on the ``"fit"`` and the ``"measured"`` episodes), ``"fit_seconds"``
     """
-    from fedrl_algos.core.critic import critic_for_space, critic_step_weights
+    from fedrl_algos.core.critic import critic_step_weights
     from fedrl_algos.core.gpomdp import gpomdp_weights
     from fedrl_algos.core.trajectories import Trajectories
+    from fedrl_algos.policies.critics import critic_for_space
     from fedrl_algos.reproduce.mfpo import MethodConfig, Population
 
     if game not in ("pong", "breakout"):

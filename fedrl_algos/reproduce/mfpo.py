@@ -40,7 +40,6 @@ import torch
 from gymnasium import spaces
 
 from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams, make_attack
-from fedrl_algos.core.critic import critic_for_space
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import BASELINES, ScoreFunctionGradient, check_discounting
@@ -51,6 +50,7 @@ from fedrl_algos.fedpg_br import FedPGBRUpdate, make_server_sampler
 from fedrl_algos.fedpg_br.update import make_env_server_sampler
 from fedrl_algos.mfpo import MFPOState, MFPOUpdate
 from fedrl_algos.policies import MlpPolicy
+from fedrl_algos.policies.critics import critic_for_space
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate, mean_std
 from fedrl_algos.reproduce.plots.mfpo import byzantine_figures, mfpo_figures
 from fedrl_envs import stack_params
