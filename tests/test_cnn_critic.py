@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from test_own_env import Frames
 
 from fedrl_algos import MFPO
 from fedrl_algos.core.critic import CriticState, MlpCritic, average_critics
@@ -22,28 +23,11 @@ from fedrl_algos.policies.critics import CnnCritic, critic_for_space
 IMAGE_ENV = "TestOnlyCriticSquares-v0"
 
 
-class Squares(gym.Env):
-    """4 × 36 × 36 ``uint8`` frames of a bright square that action 1 moves right; reward 1 near the right edge."""
+class Squares(Frames):
+    """tests/test_own_env.py's image env with 4 stacked frames, as Atari's."""
 
     def __init__(self, speed: int = 2) -> None:
-        self.speed = int(speed)
-        self.observation_space = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)
-        self.action_space = gym.spaces.Discrete(2)
-        self.pos = 18
-
-    def _obs(self) -> np.ndarray:
-        frame = np.zeros((4, 36, 36), np.uint8)
-        frame[:, 14:22, max(0, self.pos - 4):self.pos + 4] = 255
-        return frame
-
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        self.pos = int(self.np_random.integers(10, 26))
-        return self._obs(), {}
-
-    def step(self, action):
-        self.pos = int(np.clip(self.pos + (self.speed if int(action) == 1 else -self.speed), 4, 32))
-        return self._obs(), float(self.pos >= 28), False, False, {}
+        super().__init__(speed, channels=4)
 
 
 if IMAGE_ENV not in gym.registry:

@@ -241,16 +241,17 @@ def test_a_native_family_through_the_generic_path_estimates_the_same_gradient():
 
 
 class Frames(gym.Env):
-    """A test-only image env: a bright square left or right of centre; action 1 moves it right."""
+    """A test-only image env: ``channels`` × 36 × 36 ``uint8`` frames of a bright square left or right of
+    centre; action 1 moves it right; reward 1 near the right edge (also tests/test_cnn_critic.py's)."""
 
-    def __init__(self, speed: int = 2) -> None:
+    def __init__(self, speed: int = 2, channels: int = 2) -> None:
         self.speed = int(speed)
-        self.observation_space = gym.spaces.Box(0, 255, (2, 36, 36), np.uint8)
+        self.observation_space = gym.spaces.Box(0, 255, (channels, 36, 36), np.uint8)
         self.action_space = gym.spaces.Discrete(2)
         self.pos = 18
 
     def _obs(self) -> np.ndarray:
-        frame = np.zeros((2, 36, 36), np.uint8)
+        frame = np.zeros(self.observation_space.shape, np.uint8)
         frame[:, 14:22, max(0, self.pos - 4) : self.pos + 4] = 255
         return frame
 
