@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from fedrl_algos import MFPO, PerFedAvgPG
+from fedrl_algos import MFPO
 from fedrl_algos.core import rollout
 from fedrl_algos.core.critic import MlpCritic, critic_step_weights, gae
 from fedrl_algos.core.estimators import discounted_rewards_to_go, relative_rewards_to_go
@@ -232,7 +232,10 @@ def test_bad_arguments_name_themselves(kwargs, name):
         _model(**kwargs)
 
 
-@pytest.mark.parametrize(("cls", "argument"), [(PerFedAvgPG, "adaptation_baseline"), (PerFedAvgPG, "outer_baseline")])
-def test_other_federations_refuse_the_critic(cls, argument):  # FedAvgPG, IndependentPG, FedPGBR: tests/test_critic_federations.py
-    with pytest.raises(ValueError, match="baseline='critic'.*not supported"):
-        cls("TabularPolicy", GRID, **{argument: "critic"}, seed=0, device="cpu")
+def test_reproduce_configs_refuse_the_critic_where_no_critic_is_kept():
+    """The adaptation baselines of the paper experiments' configs take no critic (only a model holds one)."""
+    from fedrl_algos.core.adaptation import check_adaptation_baseline
+
+    with pytest.raises(ValueError, match="inner_baseline must be one of .*got 'critic'"):
+        check_adaptation_baseline("critic", "inner_baseline")
+    assert check_adaptation_baseline("critic", "inner_baseline", allow_critic=True) == "critic"

@@ -322,7 +322,7 @@ def test_curvature_stats_command_prints_every_row(capsys):
 
 def test_outer_baseline_option_validation_and_persistence(tmp_path):
     with pytest.raises(ValueError, match="outer_baseline"):
-        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", outer_baseline="critic", device="cpu")
+        PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", outer_baseline="critics", device="cpu")
     with pytest.raises(TypeError, match="outer_baseline"):
         PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", outer_baseline=1, device="cpu")
     for variant, objective in (("exact", "paper"), ("first_order", "paper"), ("exact", "debiased")):

@@ -136,6 +136,12 @@ _CRITIC = {
                                     attack="sign_flip", baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
     "mfpo": lambda agg: MFPO("TabularPolicy", GRID, seed=1, device="cpu", local_steps=2, n_trajectories=3, initial_trajectories=4,
                              baseline="critic", n_critic_epochs=2, critic_aggregation=agg),
+    "per_fedavg_pg": lambda agg: PerFedAvgPG("TabularPolicy", GRID, seed=5, device="cpu", local_steps=2, m_in=3, m_h=3, m_out=3,
+                                             adaptation_baseline="critic", outer_baseline="critic", n_critic_epochs=2,
+                                             critic_aggregation=agg),
+    "per_fedavg_pg_sampled": lambda agg: PerFedAvgPG("TabularPolicy", GRID, seed=7, device="cpu", local_steps=2, m_in=3, m_h=3,
+                                                     m_out=3, agents_per_round=3, adaptation_baseline="critic",
+                                                     outer_baseline="loo", n_critic_epochs=2, critic_aggregation=agg),
     # image observations: the Nature-CNN critic (tests/test_cnn_critic.py's test-only env)
     "mfpo_cnn": lambda agg: _cnn_critic_mfpo(agg),
 }

@@ -368,4 +368,4 @@ def test_bad_baselines_are_refused_by_name():
     with pytest.raises(ValueError, match="baseline must be one of"):
         IndependentPG("TabularPolicy", GRID, baseline="linear2", device="cpu")
     with pytest.raises(ValueError, match="outer_baseline must be one of"):
-        PerFedAvgPG("TabularPolicy", GRID, outer_baseline="critic", device="cpu")
+        PerFedAvgPG("TabularPolicy", GRID, outer_baseline="critics", device="cpu")

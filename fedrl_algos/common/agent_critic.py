@@ -1,8 +1,9 @@
 """Every agent's learned value function (``baseline="critic"``) kept with a federation's model.
 
 One mixin for every policy-gradient federation that offers the critic (MFPO, FedAvg-PG,
-independent PG, FedPG-BR): the constructor's checks and settings, the value network for the
-model's observations, every agent's critic as saved fields, and files saved without them.
+independent PG, FedPG-BR, Per-FedAvg-PG): the constructor's checks and settings, the value network
+for the model's observations, every agent's critic as saved fields, files saved without them, and
+the critics of an adaptation step (:meth:`AgentCriticMixin._adaptation_critics`).
 """
 
 from __future__ import annotations
@@ -10,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from fedrl_algos.core.critic import (
     CRITIC_AGGREGATIONS,
-    CriticGradient,
+    CriticBaseline,
     CriticState,
     FlatCritic,
     MlpCritic,
+    average_critics,
     check_critic_settings,
     federate_critics,
 )
@@ -58,6 +61,8 @@ class AgentCriticMixin:
     #: whose critics the model keeps: ``"agent"`` (every agent's) and, for a server that samples
     #: trajectories of its own (FedPG-BR), ``"server"``
     critic_owners: ClassVar[tuple[str, ...]] = ("agent",)
+    #: the constructor argument(s) that choose the critic, as refusals name them
+    critic_baseline_arguments: ClassVar[str] = "baseline='critic'"
 
     def __init__(self, *args: Any, policy_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, policy_kwargs=self._split_net_arch(policy_kwargs), **kwargs)  # type: ignore[call-arg]
@@ -74,8 +79,8 @@ class AgentCriticMixin:
             raise ValueError(f"policy_kwargs['net_arch'] as a dict takes SB3's keys 'pi' (the policy) and 'vf' (the critic), got {unknown}")
         if "vf" in arch:
             if not self.uses_critic:
-                raise ValueError(f"policy_kwargs['net_arch']['vf'] sizes the critic, which needs baseline='critic', "
-                                 f"got baseline={self.__dict__.get('baseline')!r}")
+                raise ValueError(f"policy_kwargs['net_arch']['vf'] sizes the critic, which needs {self.critic_baseline_arguments}, "
+                                 f"got {self._baseline_description()}")
             vf = arch["vf"]
             MlpCritic(1, vf, self.critic_activation)  # checks the sizes (ValueError naming critic_net_arch)
             if self.critic_net_arch is not None and list(vf) != self.critic_net_arch:
@@ -103,6 +108,25 @@ class AgentCriticMixin:
         if baseline == "critic":
             if estimator != "gpomdp":
                 raise ValueError(f"baseline='critic' needs estimator='gpomdp' (GAE weights each step), got estimator={estimator!r}")
+        else:
+            check_estimator_and_baseline(estimator, baseline)
+        self.baseline = baseline
+        self._set_critic_options(baseline == "critic", gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
+                                 critic_activation, critic_aggregation)
+
+    def _set_critic_options(
+        self,
+        checked: bool,
+        gae_lambda: float,
+        n_critic_epochs: int,
+        critic_learning_rate: float,
+        critic_net_arch: Sequence[int] | None,
+        critic_activation: str,
+        critic_aggregation: str,
+    ) -> None:
+        """Keep the critic's settings on the model; ``checked`` (the model uses the critic): check
+        each first (``ValueError`` naming the argument)."""
+        if checked:
             check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
             if critic_aggregation not in self.critic_aggregations:
                 raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
@@ -111,11 +135,12 @@ class AgentCriticMixin:
             # image observations, the CNN critic's [512]; critic_for_space checks the image case)
             MlpCritic(1, [64, 64] if critic_net_arch is None else critic_net_arch, critic_activation)
             critic_net_arch = None if critic_net_arch is None else list(critic_net_arch)
-        else:
-            check_estimator_and_baseline(estimator, baseline)
-        self.baseline = baseline
         self.gae_lambda, self.n_critic_epochs, self.critic_learning_rate = float(gae_lambda), n_critic_epochs, float(critic_learning_rate)
         self.critic_net_arch, self.critic_activation, self.critic_aggregation = critic_net_arch, critic_activation, critic_aggregation
+
+    def _baseline_description(self) -> str:
+        """The model's baseline argument(s) as a refusal quotes them."""
+        return f"baseline={self.__dict__.get('baseline')!r}"
 
     def _critic_setting(self, name: str) -> Any:
         """A critic setting (its default for files saved before it existed)."""
@@ -172,17 +197,19 @@ class AgentCriticMixin:
         """Every agent's critic (batch ``[1, n]``) with ``baseline="critic"``, else ``None``."""
         return self._critic_of("agent")
 
-    # --- a round with a CriticGradient local direction ------------------------------------------
+    # --- a round with a CriticBaseline in the local direction -------------------------------------
     @staticmethod
-    def _critic_gradient(estimator: Any) -> CriticGradient | None:
-        """The :class:`~fedrl_algos.core.critic.CriticGradient` inside ``estimator`` (the estimator
-        itself, or the one a wrapper such as an attack holds as ``inner``), else ``None``."""
-        while estimator is not None and not isinstance(estimator, CriticGradient):
-            estimator = getattr(estimator, "inner", None)
+    def _critic_gradient(estimator: Any) -> CriticBaseline | None:
+        """The :class:`~fedrl_algos.core.critic.CriticBaseline` of ``estimator``: the estimator itself
+        (a :class:`~fedrl_algos.core.critic.CriticGradient`), the one a wrapper such as an attack holds
+        as ``inner``, or the ``critics`` a meta-gradient weights its batches with; else ``None``."""
+        while estimator is not None and not isinstance(estimator, CriticBaseline):
+            inner = getattr(estimator, "inner", None)
+            estimator = inner if inner is not None else getattr(estimator, "critics", None)
         return estimator
 
     def _start_critic_round(self, estimator: Any) -> CriticState | None:
-        """Hand every agent's critic to the round's :class:`~fedrl_algos.core.critic.CriticGradient`
+        """Hand every agent's critic to the round's :class:`~fedrl_algos.core.critic.CriticBaseline`
         (none: ``None``); returns the critics of the round's start for :meth:`_end_critic_round`."""
         gradient = self._critic_gradient(estimator)
         if gradient is None:
@@ -200,6 +227,38 @@ class AgentCriticMixin:
         fitted = self._critic_gradient(estimator).state
         self._keep_critic(federate_critics(self.critic_network, fitted, start, self._critic_setting("critic_aggregation"), participating))
 
+    # --- the critics of an adaptation step (baseline="critic" in adapt and the logged evaluation) ---
+    def _frozen_critics(self, state: CriticState) -> CriticBaseline:
+        """A :class:`~fedrl_algos.core.critic.CriticBaseline` holding ``state`` with the model's
+        settings, for weights only (the adaptation step never fits it: evaluation and :meth:`adapt`
+        leave the model's critics as they are)."""
+        return CriticBaseline(self.gamma, self.critic_network, self._critic_setting("gae_lambda"), 0,
+                              self._critic_setting("critic_learning_rate"), state,
+                              discounting=self.__dict__.get("discounting", "absolute"))
+
+    def _adaptation_critics(self, tasks: Sequence[Any]) -> CriticBaseline:
+        """The critics of an adaptation step on ``tasks`` (as given to :meth:`adapt`), batch
+        ``[len(tasks)]``: a training agent's index takes that agent's critic; any other task (a new
+        agent) takes the agents' critics averaged by the server's rule (each brought to common output
+        statistics, then φ averaged: :func:`~fedrl_algos.core.critic.average_critics`) — what the
+        federation knows of the family's values. Used as they are (not fitted): with λ = 1 the
+        step stays unbiased, since no critic saw its trajectories."""
+        if not self.uses_critic:
+            raise ValueError(f"baseline='critic' needs a model trained with the critic ({self.critic_baseline_arguments}), "
+                             f"got {self._baseline_description()}")
+        state = self.critic_state  # [1, n]
+        average = average_critics(self.critic_network, state)
+        n = int(self.n_agents)
+        rows = [int(t) if isinstance(t, int | np.integer) and not isinstance(t, bool) else n for t in tasks]
+        index = torch.tensor(rows, device=state.phi.device)
+
+        def pick(own: torch.Tensor, common: torch.Tensor) -> torch.Tensor:
+            return torch.cat((own[0], common[0, :1]), 0).index_select(0, index)
+
+        moments = type(state.moments)(*(pick(a, b) for a, b in zip(state.moments, average.moments, strict=True)))
+        return self._frozen_critics(CriticState(pick(state.phi, average.phi), moments, pick(state.mean, average.mean),
+                                                pick(state.scale, average.scale)))
+
     @property
     def allows_new_agent_count(self) -> bool:  # type: ignore[override]
         """A model with the critic keeps one per agent: :meth:`set_env` needs the same agents."""
@@ -215,6 +274,7 @@ class AgentCriticMixin:
         return state_dicts, variables
 
     observation_space: Any
+    gamma: float
     policy: Any
     seed: Any
     n_agents: int

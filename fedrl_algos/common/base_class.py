@@ -532,8 +532,10 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         :param baseline: baseline of the adaptation gradient: ``None`` (the paper's eq. (2)),
             ``"loo"`` (unbiased leave-one-out time-dependent mean; lower variance, see
             :mod:`fedrl_algos.core.adaptation`), ``"mean"``, ``"linear"`` (cross-fitted linear feature
-            baseline, unbiased), or ``"auto"`` (default): the model's
-            :attr:`default_adaptation_baseline` (e.g. Per-FedAvg-PG's ``adaptation_baseline``)
+            baseline, unbiased), ``"critic"`` (a model trained with the critic: a training agent's index
+            takes that agent's critic, a new task the agents' averaged critic; not fitted here), or
+            ``"auto"`` (default): the model's :attr:`default_adaptation_baseline` (e.g. Per-FedAvg-PG's
+            ``adaptation_baseline``)
         :return: a copy of the policy (with ``predict``) holding the personalized ``theta``; a list
             for a list of tasks
         """
@@ -547,7 +549,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                 raise ValueError(f"step_size must be given: {type(self).__name__} learns no adaptation step size of its own")
         else:
             step_size = check_step_size("step_size", step_size)
-        baseline = self.default_adaptation_baseline if baseline == "auto" else check_adaptation_baseline(baseline, "baseline")
+        baseline = self.default_adaptation_baseline if baseline == "auto" else check_adaptation_baseline(baseline, "baseline",
+                                                                                                         allow_critic=True)
+        critic = self._adaptation_critics(task if many else [task]) if baseline == "critic" else None
         theta = self.policy.theta.detach().expand(len(tasks), -1).clone()
         if n_trajectories > 0 and steps > 0:
             counter = self.__dict__.get("_adapt_calls", 0)
@@ -560,19 +564,25 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
                     sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed,
                                          normalizer=self.obs_normalizer)
                     theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma,
-                                                  baseline)
+                                                  baseline, critic)
                 finally:
                     env.close()
             else:
                 params = params_to(stack_params(tasks), self.device)
                 sampler = KernelSampler(self.family, params, self.policy, streams, self.horizon, normalizer=self.obs_normalizer)
-                theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma, baseline)
+                theta, _ = adapt_with_sampler(sampler, self.policy, theta, n_trajectories, steps, step_size, self.gamma, baseline,
+                                              critic)
         adapted = []
         for row in theta:
             clone = copy.deepcopy(self.policy)
             clone.theta.data.copy_(row)
             adapted.append(clone)
         return adapted if many else adapted[0]
+
+    def _adaptation_critics(self, tasks: Sequence[Any]) -> Any:
+        """The critics of an adaptation step with ``baseline="critic"``: only a model trained with
+        the critic has them (:class:`~fedrl_algos.common.agent_critic.AgentCriticMixin`)."""
+        raise ValueError(f"baseline='critic' needs a model trained with the critic; {type(self).__name__} keeps no critic")
 
     # --- environment and persistence -----------------------------------------------------------
     def set_env(self, env: Any, force_reset: bool = True) -> None:

@@ -88,7 +88,8 @@ def own_policy_metrics(model: Any, agent_theta: torch.Tensor) -> dict[str, float
     return out
 
 
-def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: int, baseline: str | None = None) -> dict[str, float]:
+def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: int, baseline: str | None = None,
+                            critic: Any = None) -> dict[str, float]:
     """The metrics of a shared initialization that one adaptation step of size α personalizes:
     :func:`server_policy_metrics` before adaptation, and the ``adapted_`` ones after one step per
     agent from ``eval_adapt_trajectories`` trajectories of the evaluation streams (tabular families:
@@ -98,6 +99,8 @@ def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: i
     :param alpha: the adaptation step size α
     :param eval_adapt_trajectories: trajectories of the Monte Carlo adaptation step
     :param baseline: baseline of that step's gradient (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2))
+    :param critic: with ``baseline="critic"``, every agent's critic (a
+        :class:`~fedrl_algos.core.critic.CriticBaseline` of batch ``[1, n]``, not fitted)
     """
     theta = model.policy.theta.detach()
     out: dict[str, float] = {}
@@ -108,6 +111,6 @@ def personalization_metrics(model: Any, alpha: float, eval_adapt_trajectories: i
     if model.eval_trajectories == 0:
         return out
     out.update(return_metrics(model, _shared(model)))
-    adapted = model.federation.adapted(theta.unsqueeze(0), alpha, eval_adapt_trajectories, baseline)[0]  # [n, d]
+    adapted = model.federation.adapted(theta.unsqueeze(0), alpha, eval_adapt_trajectories, baseline, critic)[0]  # [n, d]
     out.update(return_metrics(model, adapted, prefix="adapted_"))
     return out

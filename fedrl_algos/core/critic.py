@@ -61,6 +61,7 @@ from fedrl_algos.core.trajectories import Trajectories
 __all__ = [
     "CRITIC_AGGREGATIONS",
     "CRITIC_ACTIVATIONS",
+    "CriticBaseline",
     "CriticGradient",
     "CriticState",
     "MlpCritic",
@@ -387,7 +388,75 @@ def federate_critics(
     return average_critics(critic, kept, None if participating is None else participating)
 
 
-class CriticGradient(GradientEstimator):
+class CriticBaseline:
+    """Every agent's critic as the baseline of a policy-gradient estimate: the GAE(λ) step weights
+    of a batch under the critics held in :attr:`state` (batch ``[*B]``: runs × agents), and their
+    fit on that batch. A stateful strategy object: the estimator that holds it computes a batch's
+    weights first (:meth:`step_weights`) and fits afterwards (:meth:`fit`), so the critic that
+    weights batch k saw batches < k only (with λ = 1 the estimate stays unbiased).
+
+    :param gamma: discount
+    :param critic: the value network
+    :param gae_lambda: λ of GAE (1: unbiased)
+    :param n_epochs: full-batch Adam steps of the fit per batch
+    :param lr: their step size
+    :param state: every agent's critic (batch the rows of θ), or ``None`` until the caller sets :attr:`state`
+    :param normalize_advantage: divide the step weights by their standard deviation over each row
+    :param discounting: ``"absolute"`` (``ψ_h = γ^h A_h``, the gradient of J) or ``"relative"`` (``A_h``)
+    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
+        before GAE (:func:`~fedrl_algos.core.gpomdp.normalized_return_rewards`, as MFPO's critic path):
+        the advantages and the critic's regression targets are then in normalised units (at λ = 1
+        ``A_h = Ĝ^h − V(s_h)``, targets ``Ĝ^h``). Not an unbiased estimate of ∇J
+        (:mod:`fedrl_algos.core.gpomdp`); default ``False``; applied before ``normalize_advantage``
+    """
+
+    def __init__(
+        self,
+        gamma: float,
+        critic: FlatCritic,
+        gae_lambda: float = 1.0,
+        n_epochs: int = 5,
+        lr: float = 1e-3,
+        state: CriticState | None = None,
+        normalize_advantage: bool = False,
+        discounting: str = "absolute",
+        normalize_returns: bool = False,
+    ) -> None:
+        check_critic_settings(gae_lambda, n_epochs, lr, "local")
+        self.normalize_returns = check_normalize_returns(normalize_returns)
+        self.gamma, self.critic, self.state = float(gamma), critic, state
+        self.gae_lambda, self.n_epochs, self.lr = float(gae_lambda), int(n_epochs), float(lr)
+        self.normalize_advantage, self.discounting = bool(normalize_advantage), discounting
+
+    def _state_for(self, batch: torch.Size) -> CriticState:
+        if self.state is None:
+            raise ValueError(f"{type(self).__name__}.state must hold every agent's critic before a call, got None")
+        if tuple(self.state.phi.shape[:-1]) != tuple(batch):
+            raise ValueError(f"{type(self).__name__}.state must have the batch shape {tuple(batch)} of theta's rows, "
+                             f"got {tuple(self.state.phi.shape[:-1])}")
+        return self.state
+
+    def step_weights(self, traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
+        """ψ of ``traj [*B, m, T]`` with the current critics and the fit's targets (nothing is fitted)."""
+        return critic_batch_weights(self.critic, self._state_for(traj.rewards.shape[:-2]), traj, self.gamma, self.gae_lambda,
+                                    self.discounting, self.normalize_returns, self.normalize_advantage)
+
+    def fit(self, traj: Trajectories, targets: torch.Tensor, active: torch.Tensor | None = None) -> None:
+        """Fit every row's critic on ``traj`` (its targets from :meth:`step_weights`); rows where
+        ``active [*B]`` is false keep theirs."""
+        state = self._state_for(traj.rewards.shape[:-2])
+        fitted = self.critic.fit(state, traj.obs, targets, traj.mask, self.n_epochs, self.lr)
+        self.state = fitted if active is None else select_critics(active, fitted, state)
+
+    def weights_then_fit(self, traj: Trajectories) -> torch.Tensor:
+        """ψ of ``traj`` under the current critics, which are then fitted on ``traj`` (the order
+        that keeps the estimate unbiased)."""
+        psi, targets = self.step_weights(traj)
+        self.fit(traj, targets)
+        return psi
+
+
+class CriticGradient(CriticBaseline, GradientEstimator):
     """GPOMDP with the critic's GAE(λ) step weights from ``m`` fresh trajectories at θ, fitting
     every agent's critic after each batch (a stateful strategy object, ``baseline="critic"``).
 
@@ -409,11 +478,7 @@ class CriticGradient(GradientEstimator):
     :param state: every agent's critic (batch the rows of θ), or ``None`` until the caller sets :attr:`state`
     :param normalize_advantage: divide the step weights by their standard deviation over each row
     :param discounting: ``"absolute"`` (``ψ_h = γ^h A_h``, the gradient of J) or ``"relative"`` (``A_h``)
-    :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
-        before GAE (:func:`~fedrl_algos.core.gpomdp.normalized_return_rewards`, as MFPO's critic path):
-        the advantages and the critic's regression targets are then in normalised units (at λ = 1
-        ``A_h = Ĝ^h − V(s_h)``, targets ``Ĝ^h``). Not an unbiased estimate of ∇J
-        (:mod:`fedrl_algos.core.gpomdp`); default ``False``; applied before ``normalize_advantage``
+    :param normalize_returns: as :class:`CriticBaseline`'s (not an unbiased estimate of ∇J)
     """
 
     #: the critics are per agent of the federation ``[R, n]``
@@ -433,39 +498,17 @@ class CriticGradient(GradientEstimator):
         discounting: str = "absolute",
         normalize_returns: bool = False,
     ) -> None:
-        super().__init__(policy, gamma)
+        GradientEstimator.__init__(self, policy, gamma)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m must be an int >= 1, got {m!r}")
-        check_critic_settings(gae_lambda, n_epochs, lr, "local")
-        self.normalize_returns = check_normalize_returns(normalize_returns)
-        self.m, self.critic, self.state = m, critic, state
-        self.gae_lambda, self.n_epochs, self.lr = float(gae_lambda), int(n_epochs), float(lr)
-        self.normalize_advantage, self.discounting = bool(normalize_advantage), discounting
+        CriticBaseline.__init__(self, gamma, critic, gae_lambda, n_epochs, lr, state, normalize_advantage, discounting,
+                                normalize_returns)
+        self.m = m
         self.name = "gpomdp"
 
     @property
     def trajectories_per_step(self) -> int:
         return self.m
-
-    def _state_for(self, batch: torch.Size) -> CriticState:
-        if self.state is None:
-            raise ValueError("CriticGradient.state must hold every agent's critic before a call, got None")
-        if tuple(self.state.phi.shape[:-1]) != tuple(batch):
-            raise ValueError(f"CriticGradient.state must have the batch shape {tuple(batch)} of theta's rows, "
-                             f"got {tuple(self.state.phi.shape[:-1])}")
-        return self.state
-
-    def step_weights(self, traj: Trajectories) -> tuple[torch.Tensor, torch.Tensor]:
-        """ψ of ``traj [*B, m, T]`` with the current critics and the fit's targets (nothing is fitted)."""
-        return critic_batch_weights(self.critic, self._state_for(traj.rewards.shape[:-2]), traj, self.gamma, self.gae_lambda,
-                                    self.discounting, self.normalize_returns, self.normalize_advantage)
-
-    def fit(self, traj: Trajectories, targets: torch.Tensor, active: torch.Tensor | None = None) -> None:
-        """Fit every row's critic on ``traj`` (its targets from :meth:`step_weights`); rows where
-        ``active [*B]`` is false keep theirs."""
-        state = self._state_for(traj.rewards.shape[:-2])
-        fitted = self.critic.fit(state, traj.obs, targets, traj.mask, self.n_epochs, self.lr)
-        self.state = fitted if active is None else select_critics(active, fitted, state)
 
     def __call__(self, sampler, theta: torch.Tensor) -> torch.Tensor:
         traj = sampler(theta, self.m)

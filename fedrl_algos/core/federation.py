@@ -320,7 +320,8 @@ class Federation:
         traj = self.eval_sampler(theta, n_trajectories)
         return traj.returns(self.gamma).mean(-1)
 
-    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int, baseline: str | None = None) -> torch.Tensor:
+    def adapted(self, theta: torch.Tensor, alpha: float, n_trajectories: int, baseline: str | None = None,
+                critic: Any = None) -> torch.Tensor:
         """One policy-gradient adaptation step per agent from the evaluation streams: ``[R, n, d]``.
 
         :param theta: shared ``[R, d]`` or per-agent ``[R, n, d]`` parameters
@@ -328,13 +329,15 @@ class Federation:
         :param n_trajectories: trajectories of the step (0 returns ``theta`` per agent)
         :param baseline: baseline of the adaptation gradient (:mod:`fedrl_algos.core.adaptation`;
             ``None``: the paper's eq. (2))
+        :param critic: with ``baseline="critic"``, every agent's critic (a
+            :class:`~fedrl_algos.core.critic.CriticBaseline` of batch ``[R, n]``), used as it is (not fitted)
         """
         if theta.dim() == 2:
             theta = self.broadcast(theta)
         if alpha == 0 or n_trajectories == 0:
             return theta
         traj = self.eval_sampler(theta, n_trajectories)
-        return theta + alpha * adaptation_gradient(self.policy, theta, traj, self.gamma, baseline)
+        return theta + alpha * adaptation_gradient(self.policy, theta, traj, self.gamma, baseline, critic)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
@@ -400,6 +403,7 @@ def adapt_with_sampler(
     step_size: float = 1.0,
     gamma: float = 0.9,
     baseline: str | None = None,
+    critic: Any = None,
 ) -> tuple[torch.Tensor, list[Trajectories]]:
     """Personalize ``theta [*B, d]`` with ``steps`` policy-gradient steps (eq. (2)) drawn from ``sampler``.
 
@@ -411,13 +415,15 @@ def adapt_with_sampler(
     :param step_size: step size α
     :param gamma: discount
     :param baseline: baseline of the adaptation gradient: ``None`` (eq. (2)), ``"loo"`` (unbiased
-        leave-one-out time-dependent mean), ``"mean"`` or ``"linear"`` (:mod:`fedrl_algos.core.adaptation`)
+        leave-one-out time-dependent mean), ``"mean"``, ``"linear"`` or ``"critic"`` (:mod:`fedrl_algos.core.adaptation`)
+    :param critic: with ``baseline="critic"``, the rows' critics (a
+        :class:`~fedrl_algos.core.critic.CriticBaseline` of batch ``[*B]``), used as they are (not fitted)
     :return: adapted parameters ``[*B, d]`` and the trajectories used
     """
     used = []
     for _ in range(steps):
         traj = sampler(theta, n_trajectories)
-        theta = theta + step_size * adaptation_gradient(policy, theta, traj, gamma, baseline)
+        theta = theta + step_size * adaptation_gradient(policy, theta, traj, gamma, baseline, critic)
         used.append(traj)
     return theta, used
 

@@ -12,7 +12,8 @@ trajectories. The debiased objective is the return after the adaptation step tha
 
 where ``D_in`` is ``m_in`` trajectories sampled with θ and ``ĝ_in(D; θ) = (1/m) Σ_j Σ_h ψ_{j,h} ∇log π(a_{j,h}|s_{j,h}; θ)``
 (``ψ``: reward-to-go, or reward-to-go minus a batch baseline — functions of D's rewards, and for
-``"linear"`` of D's observations, never of θ). Both
+``"linear"`` and ``"critic"`` of D's observations through the fitted w or the critic's fixed φ, never
+of θ). Both
 θ̃ and the *distribution* of ``D_in`` depend on θ, so (differentiating ``Σ_D p(D; θ) J(θ̃(D, θ))``)
 
     ∇F_i^D(θ) = E_{D_in} [ (I + α ∇_θ ĝ_in(D_in; θ)) ∇J_i(θ̃) + J_i(θ̃) Σ_{ξ∈D_in} ∇log q(ξ; θ) ],
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from fedrl_algos.core.adaptation import adaptation_gradient, adaptation_weights
+from fedrl_algos.core.critic import CriticBaseline
 from fedrl_algos.core.directions import SamplerFn, scale
 from fedrl_algos.core.gpomdp import time_baseline
 from fedrl_algos.core.score_calculus import log_prob_hvp
@@ -120,10 +121,13 @@ class DebiasedMetaGradient(_MetaBase):
     :param m_in: inner batch
     :param m_out: outer batch
     :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``/``"mean"``/``"linear"``:
-        :mod:`fedrl_algos.core.adaptation`); it defines the objective (the step that is taken)
+        :mod:`fedrl_algos.core.adaptation`; ``"critic"``: every agent's critic, ``critics``); it
+        defines the objective (the step that is taken)
     :param score_baseline: baseline of the score-function term (``"loo"`` or ``None``)
-    :param outer_baseline: baseline of ĝ_out (``None``: eq. (2); ``"loo"``/``"mean"``/``"linear"``); the
+    :param outer_baseline: baseline of ĝ_out (``None``: eq. (2); ``"loo"``/``"mean"``/``"linear"``/``"critic"``); the
         objective is unchanged
+    :param critics: every agent's critic (:class:`~fedrl_algos.core.critic.CriticBaseline`) where a
+        baseline is ``"critic"``
     """
 
     name = "debiased"
@@ -138,8 +142,9 @@ class DebiasedMetaGradient(_MetaBase):
         inner_baseline: str | None = None,
         score_baseline: str | None = "loo",
         outer_baseline: str | None = None,
+        critics: CriticBaseline | None = None,
     ) -> None:
-        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline)
+        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline, critics)
         self.score_baseline = _check_score_baseline(score_baseline)
 
     @property
@@ -148,10 +153,10 @@ class DebiasedMetaGradient(_MetaBase):
 
     def __call__(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         traj_in = sampler(theta, self.m_in)
-        psi_in = adaptation_weights(traj_in, self.gamma, self.inner_baseline)
+        psi_in = self.step_weights(traj_in, self.inner_baseline)
         adapted = theta + scale(self.alpha, self.policy.score_gradient(theta, traj_in, psi_in))
         traj_out = sampler(adapted, self.m_out)
-        g_out = adaptation_gradient(self.policy, adapted, traj_out, self.gamma, self.outer_baseline)
+        g_out = self.gradient(adapted, traj_out, self.outer_baseline)
         if not isinstance(self.alpha, torch.Tensor) and self.alpha == 0.0:
             return g_out
         j_out = traj_out.returns(self.gamma).mean(-1)

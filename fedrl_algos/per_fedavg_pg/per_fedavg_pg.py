@@ -11,11 +11,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ControlVariateStateMixin, check_control_variates
-from fedrl_algos.core.adaptation import check_adaptation_baseline
+from fedrl_algos.core.adaptation import CRITIC_BASELINE, check_adaptation_baseline
+from fedrl_algos.core.critic import CriticBaseline
 from fedrl_algos.core.curvature import check_curvature, check_curvature_clip
 from fedrl_algos.core.directions import GradientEstimator, check_step_size
 from fedrl_algos.per_fedavg_pg.debiased import DebiasedMetaGradient
@@ -32,7 +34,7 @@ _OBJECTIVES = ("paper", "debiased")
 DEFAULT_CURVATURE_CLIP = 1.0
 
 
-class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
+class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm):
     """Personalized federated policy gradient by MAML (Per-FedAvg-PG).
 
     Each round the server broadcasts θ; every participating agent takes ``local_steps`` (τ) local
@@ -100,9 +102,13 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     :param adaptation_baseline: baseline of every adaptation gradient ĝ_in — the inner step of
         training, the logged evaluation and :meth:`adapt`: ``"loo"`` (default: time-dependent mean
         reward-to-go of the other trajectories of the batch; unbiased, lower variance), ``None``
-        (the paper's eq. (2)), ``"mean"`` (including the trajectory itself; biased by O(1/m)) or
+        (the paper's eq. (2)), ``"mean"`` (including the trajectory itself; biased by O(1/m)),
         ``"linear"`` (garage's linear feature baseline of the state and time step, fitted on the other
-        folds of the batch: unbiased; :mod:`fedrl_algos.core.baselines`)
+        folds of the batch: unbiased; :mod:`fedrl_algos.core.baselines`) or ``"critic"`` (a learned
+        value function V_φ(s) per agent with GAE(λ) step weights, fitted on each inner and outer batch
+        after weighting it: unbiased with λ = 1; :mod:`fedrl_algos.core.critic`). With ``"critic"``
+        the logged evaluation adapts each agent with its own critic and :meth:`adapt` a new task with
+        the agents' averaged one (neither is fitted there)
     :param curvature: the exact variant's curvature estimator ``Ĥ``: ``"auto"`` (default:
         ``"causal"`` where there is a curvature term — ``variant="exact"``, ``objective="paper"`` —
         and ``"paper"`` otherwise), ``"paper"`` (eq. (3)), ``"causal"`` (Hessian of a
@@ -113,7 +119,8 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         load as ``"paper"``
     :param outer_baseline: baseline of the outer gradient ĝ_out of training (at the adapted
         parameters): ``"loo"`` (default, unbiased), ``None`` (eq. (2)), ``"mean"`` or ``"linear"``, as
-        ``adaptation_baseline``. The exact variant multiplies ĝ_out by ``I + αĤ``, so a less noisy
+        ``adaptation_baseline`` (``"critic"`` included: one critic per agent serves the inner and the outer
+        batches). The exact variant multiplies ĝ_out by ``I + αĤ``, so a less noisy
         ĝ_out also makes the curvature term less noisy. Saved with the model; files saved without it
         load as ``None``
     :param curvature_clip: ``c`` of a trust region on the exact variant's curvature term: where
@@ -123,6 +130,19 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         variant trains at m_h = 10–50 on arc navigation, where it otherwise collapses
         (``docs/reproduction.md``). A number needs ``variant="exact"`` and ``objective="paper"``.
         Saved with the model; files saved without it load as ``None``
+    :param gae_lambda: λ of GAE where a baseline is ``"critic"`` (default 1: the state-dependent
+        baseline ``γ^h V_φ(s_h)``, unbiased; SB3's 0.95 trades bias for variance)
+    :param n_critic_epochs: full-batch Adam steps of the critic's regression per batch (inner and outer)
+    :param critic_learning_rate: their step size
+    :param critic_net_arch: hidden layers of the critic (default ``[64, 64]``; image observations: the
+        width after the Nature CNN's convolutions, default ``[512]``); SB3's
+        ``policy_kwargs=dict(net_arch=dict(pi=[...], vf=[...]))`` works too
+    :param critic_activation: ``"tanh"`` (default) or ``"relu"``
+    :param critic_aggregation: the federated rule for φ: ``"local"`` (default: each agent keeps its
+        own critic — the agents' tasks differ, and so do their values) or ``"average"`` (each round the
+        server averages the participants' critics and broadcasts the average with θ). Every agent's
+        critic is kept in ``agent_critic_*`` and saved with the model; with ``agents_per_round`` every
+        agent is computed and only the sampled agents' critics are updated
 
     >>> from fedrl_algos import PerFedAvgPG
     >>> model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", alpha=2.0, step_size=0.3, seed=0, device="cpu")
@@ -175,6 +195,12 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         curvature: str = "auto",
         outer_baseline: str | None = "loo",
         curvature_clip: float | str | None = "auto",
+        gae_lambda: float = 1.0,
+        n_critic_epochs: int = 5,
+        critic_learning_rate: float = 1e-3,
+        critic_net_arch: Sequence[int] | None = None,
+        critic_activation: str = "tanh",
+        critic_aggregation: str = "local",
         _init_setup_model: bool = True,
     ) -> None:
         if variant not in _VARIANTS:
@@ -188,8 +214,10 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
             )
         self.variant = variant
         self.objective = objective
-        self.adaptation_baseline = check_adaptation_baseline(adaptation_baseline)
-        self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline")
+        self.adaptation_baseline = check_adaptation_baseline(adaptation_baseline, allow_critic=True)
+        self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline", allow_critic=True)
+        self._set_critic_options(self.uses_critic, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
+                                 critic_activation, critic_aggregation)
         self.alpha = check_step_size("alpha", alpha)
         self.step_size = check_step_size("step_size", step_size)
         self.local_steps = check_int("local_steps", local_steps)
@@ -239,21 +267,37 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
         if check_control_variates(self.control_variates) and not self.step_size > 0:
             raise ValueError(f"control_variates=True needs step_size > 0 (the controls divide the local progress by it), got {self.step_size}")
         super()._setup_model()
+        self._setup_agent_critic()
         self.estimator = self._make_estimator()
         self._setup_control_variates()
 
     def _make_estimator(self) -> GradientEstimator:
         # Files saved before these options existed hold neither attribute: the paper's defaults.
         baseline, outer = self.__dict__.get("adaptation_baseline"), self.__dict__.get("outer_baseline")
+        critics = None
+        if self.critic_network is not None:
+            critics = CriticBaseline(self.gamma, self.critic_network, self._critic_setting("gae_lambda"),
+                                     self._critic_setting("n_critic_epochs"), self._critic_setting("critic_learning_rate"))
         if self.__dict__.get("objective", "paper") == "debiased":
             return DebiasedMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline,
-                                        outer_baseline=outer)
+                                        outer_baseline=outer, critics=critics)
         if self.variant == "exact":
             return ExactMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_h, self.m_out, self.hvp_chunk,
                                      inner_baseline=baseline, curvature=self.__dict__.get("curvature", "paper"), outer_baseline=outer,
-                                     curvature_clip=self.__dict__.get("curvature_clip"))
+                                     curvature_clip=self.__dict__.get("curvature_clip"), critics=critics)
         return FirstOrderMetaGradient(self.policy, self.gamma, self.alpha, self.m_in, self.m_out, inner_baseline=baseline,
-                                      outer_baseline=outer)
+                                      outer_baseline=outer, critics=critics)
+
+    #: the constructor arguments that choose the critic, as refusals name them
+    critic_baseline_arguments: ClassVar[str] = "adaptation_baseline='critic' or outer_baseline='critic'"
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether an adaptation or outer gradient is weighted by the learned critic."""
+        return CRITIC_BASELINE in (self.__dict__.get("adaptation_baseline"), self.__dict__.get("outer_baseline"))
+
+    def _baseline_description(self) -> str:
+        return f"adaptation_baseline={self.__dict__.get('adaptation_baseline')!r}, outer_baseline={self.__dict__.get('outer_baseline')!r}"
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "estimator"]
@@ -281,14 +325,18 @@ class PerFedAvgPG(ControlVariateStateMixin, FederatedAlgorithm):
     def _train_round(self) -> None:
         theta = self.policy.theta.detach().unsqueeze(0)
         control = self.control_state
-        new_theta, _ = per_fedavg_pg_round(
+        critic = self._start_critic_round(self.estimator)
+        new_theta, mask = per_fedavg_pg_round(
             self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates,
             control,
         )
+        self._end_critic_round(self.estimator, critic, None if mask is None else mask > 0)
         self._store_control_state(control)
         self.policy.theta.data.copy_(new_theta[0])
 
     def evaluate_round(self) -> dict[str, float]:
         """The server policy's returns before and after one adaptation step of size α, as the
         common protocol (:func:`~fedrl_algos.common.evaluation.personalization_metrics`)."""
-        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories, self.default_adaptation_baseline)
+        baseline = self.default_adaptation_baseline
+        critic = self._frozen_critics(self.critic_state) if baseline == CRITIC_BASELINE else None
+        return personalization_metrics(self, self.alpha, self.eval_adapt_trajectories, baseline, critic)

@@ -18,9 +18,15 @@ from typing import Any
 
 import torch
 
-from fedrl_algos.core.adaptation import adaptation_gradient, check_adaptation_baseline
+from fedrl_algos.core.adaptation import (
+    CRITIC_BASELINE,
+    adaptation_gradient,
+    adaptation_weights,
+    check_adaptation_baseline,
+)
 from fedrl_algos.core.aggregation import OnReject, aggregate_valid
 from fedrl_algos.core.control_variates import ControlVariates, CorrectedDirection
+from fedrl_algos.core.critic import CriticBaseline
 from fedrl_algos.core.curvature import (
     check_curvature,
     check_curvature_clip,
@@ -31,6 +37,7 @@ from fedrl_algos.core.curvature import (
 from fedrl_algos.core.directions import GradientEstimator, SamplerFn, check_step_size_or_tensor, local_update, scale
 from fedrl_algos.core.estimators import hessian_vector_product
 from fedrl_algos.core.federation import Federation, participated
+from fedrl_algos.core.gpomdp import score_gradient
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.validation import check_int
 
@@ -41,30 +48,54 @@ class _MetaBase(GradientEstimator):
     """What the meta-gradients share: the inner adaptation step and the outer gradient.
 
     ``inner_baseline`` and ``outer_baseline`` are the baselines of ĝ_in and ĝ_out
-    (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2), bitwise the paper's estimates).
+    (:mod:`fedrl_algos.core.adaptation`; ``None``: eq. (2), bitwise the paper's estimates). With
+    ``"critic"`` either one weights its batch with every agent's critic held by ``critics`` (one
+    critic per agent serves both batches: they are trajectories of the same MDP) and fits it on
+    the batch afterwards, so the inner batch is weighted by a critic fitted on earlier steps' batches
+    and the outer batch by one fitted on those and the inner batch — never on the batch it weights
+    (:class:`~fedrl_algos.core.critic.CriticBaseline`). The critics are then per-agent state
+    (``per_agent_state``): client sampling computes every agent.
     """
 
     def __init__(
         self, policy, gamma: float, alpha: float | torch.Tensor, m_in: int, m_out: int, inner_baseline: str | None = None,
-        outer_baseline: str | None = None,
+        outer_baseline: str | None = None, critics: CriticBaseline | None = None,
     ) -> None:
         super().__init__(policy, gamma)
         self.alpha = check_step_size_or_tensor("alpha", alpha)
         self.m_in = check_int("m_in", m_in)
         self.m_out = check_int("m_out", m_out)
-        self.inner_baseline = check_adaptation_baseline(inner_baseline, "inner_baseline")
-        self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline")
+        self.inner_baseline = check_adaptation_baseline(inner_baseline, "inner_baseline", allow_critic=True)
+        self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline", allow_critic=True)
+        uses_critic = CRITIC_BASELINE in (self.inner_baseline, self.outer_baseline)
+        if uses_critic and not isinstance(critics, CriticBaseline):
+            raise ValueError(f"a 'critic' baseline needs critics, every agent's CriticBaseline, got {type(critics).__name__}")
+        self.critics = critics if uses_critic else None
+        self.per_agent_state = uses_critic
+
+    def step_weights(self, traj: Trajectories, baseline: str | None) -> torch.Tensor:
+        """ψ of a batch under ``baseline``; with ``"critic"`` the critics are fitted on it afterwards."""
+        if baseline == CRITIC_BASELINE:
+            return self.critics.weights_then_fit(traj)
+        return adaptation_weights(traj, self.gamma, baseline)
+
+    def gradient(self, theta: torch.Tensor, traj: Trajectories, baseline: str | None) -> torch.Tensor:
+        """The adaptation-gradient estimate of ``traj`` (sampled at ``theta``) under ``baseline``
+        (with ``"critic"``, the critics are fitted on ``traj`` after its weights)."""
+        if baseline == CRITIC_BASELINE:
+            return score_gradient(self.policy, theta, traj, self.step_weights(traj, baseline))
+        return adaptation_gradient(self.policy, theta, traj, self.gamma, baseline)
 
     def adapted(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``θ̃ = θ + α ĝ_in`` from a fresh inner batch."""
-        g_in = adaptation_gradient(self.policy, theta, sampler(theta, self.m_in), self.gamma, self.inner_baseline)
+        g_in = self.gradient(theta, sampler(theta, self.m_in), self.inner_baseline)
         return theta + scale(self.alpha, g_in)
 
     def outer_gradient(self, sampler: SamplerFn, theta: torch.Tensor) -> torch.Tensor:
         """``ĝ_out``: the eq. (2) estimate at ``θ̃`` from a fresh outer batch sampled with ``θ̃``
         (with ``outer_baseline``, each reward-to-go minus that baseline: still unbiased for ``∇J(θ̃)``)."""
         adapted = self.adapted(sampler, theta)
-        return adaptation_gradient(self.policy, adapted, sampler(adapted, self.m_out), self.gamma, self.outer_baseline)
+        return self.gradient(adapted, sampler(adapted, self.m_out), self.outer_baseline)
 
 
 class FirstOrderMetaGradient(_MetaBase):
@@ -102,13 +133,16 @@ class ExactMetaGradient(_MetaBase):
     :param m_h: Hessian batch
     :param m_out: outer batch
     :param hvp_chunk: trajectories per chunk of the Hessian-vector product
-    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``, ``"linear"``: :mod:`fedrl_algos.core.adaptation`)
+    :param inner_baseline: baseline of ĝ_in (``None``: eq. (2); ``"loo"``, ``"mean"``, ``"linear"``: :mod:`fedrl_algos.core.adaptation`;
+        ``"critic"``: every agent's learned critic, ``critics``)
     :param curvature: ``"paper"``, ``"causal"`` or ``"lvc"`` (:data:`~fedrl_algos.core.curvature.CURVATURES`)
     :param outer_baseline: baseline of ĝ_out, as ``inner_baseline`` (it multiplies ``Ĥ``: a less
         noisy ĝ_out makes ``Ĥ ĝ_out`` less noisy too)
     :param curvature_clip: ``c`` of a trust region on the curvature term: ``αĤĝ_out`` is shortened to
         at most ``c‖ĝ_out‖`` where longer (:func:`~fedrl_algos.core.curvature.clip_curvature_term`;
         **biased** where it acts); ``None`` (default): eq. (7) as it stands
+    :param critics: every agent's critic (:class:`~fedrl_algos.core.critic.CriticBaseline`, batch the
+        rows of θ) where a baseline is ``"critic"``; the curvature batch does not use it
     """
 
     name = "exact"
@@ -119,8 +153,9 @@ class ExactMetaGradient(_MetaBase):
         curvature: str = "paper",
         outer_baseline: str | None = None,
         curvature_clip: float | None = None,
+        critics: CriticBaseline | None = None,
     ) -> None:
-        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline)
+        super().__init__(policy, gamma, alpha, m_in, m_out, inner_baseline, outer_baseline, critics)
         self.m_h = check_int("m_h", m_h)
         self.hvp_chunk = check_int("hvp_chunk", hvp_chunk)
         self.curvature_estimator = check_curvature(curvature)
