@@ -42,7 +42,7 @@ def critic_fields(owner: str = "agent") -> tuple[str, ...]:
 CRITIC_FIELDS = critic_fields("agent")
 #: the critic's settings and their defaults (what files saved before them hold)
 CRITIC_SETTINGS: dict[str, Any] = {"gae_lambda": 1.0, "n_critic_epochs": 5, "critic_learning_rate": 1e-3, "critic_net_arch": None,
-                                   "critic_activation": "tanh", "critic_aggregation": "local"}
+                                   "critic_activation": "tanh", "critic_aggregation": "local", "critic_time_aware": False}
 
 
 class AgentCriticMixin:
@@ -102,6 +102,7 @@ class AgentCriticMixin:
         critic_net_arch: Sequence[int] | None,
         critic_activation: str,
         critic_aggregation: str,
+        critic_time_aware: bool = False,
     ) -> None:
         """Check ``estimator`` and ``baseline`` (and, with ``baseline="critic"``, every critic
         setting: GPOMDP only, ``ValueError`` naming the argument) and keep them on the model."""
@@ -112,7 +113,7 @@ class AgentCriticMixin:
             check_estimator_and_baseline(estimator, baseline)
         self.baseline = baseline
         self._set_critic_options(baseline == "critic", gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
-                                 critic_activation, critic_aggregation)
+                                 critic_activation, critic_aggregation, critic_time_aware)
 
     def _set_critic_options(
         self,
@@ -123,10 +124,13 @@ class AgentCriticMixin:
         critic_net_arch: Sequence[int] | None,
         critic_activation: str,
         critic_aggregation: str,
+        critic_time_aware: bool = False,
     ) -> None:
         """Keep the critic's settings on the model; ``checked`` (the model uses the critic): check
         each first (``ValueError`` naming the argument)."""
         if checked:
+            if not isinstance(critic_time_aware, bool):
+                raise TypeError(f"critic_time_aware must be a bool, got {critic_time_aware!r}")
             check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
             if critic_aggregation not in self.critic_aggregations:
                 raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
@@ -137,6 +141,7 @@ class AgentCriticMixin:
             critic_net_arch = None if critic_net_arch is None else list(critic_net_arch)
         self.gae_lambda, self.n_critic_epochs, self.critic_learning_rate = float(gae_lambda), n_critic_epochs, float(critic_learning_rate)
         self.critic_net_arch, self.critic_activation, self.critic_aggregation = critic_net_arch, critic_activation, critic_aggregation
+        self.critic_time_aware = critic_time_aware
 
     def _baseline_description(self) -> str:
         """The model's baseline argument(s) as a refusal quotes them."""
@@ -155,7 +160,8 @@ class AgentCriticMixin:
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if not self.uses_critic:
             return None
-        return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"))
+        return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"),
+                                self._critic_setting("critic_time_aware"))
 
     def _setup_agent_critic(self) -> FlatCritic | None:
         """The value network (``None`` without the critic), also kept as :attr:`critic_network`;

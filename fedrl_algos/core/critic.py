@@ -194,16 +194,24 @@ class MlpCritic(FlatCritic):
     :param net_arch: hidden layer sizes (default ``[64, 64]``, SB3's ``vf``)
     :param activation: ``"tanh"`` (default, SB3's) or ``"relu"``
     :param discrete: observations are integer state indices, one-hot encoded
+    :param time_aware: one more input, the step's fraction of the horizon ``h/T`` (``T``: the
+        trajectories' length). On a fixed horizon the value to go depends on the time left as well
+        as on the state (Pardo et al., 2018, "Time limits in reinforcement learning"); V(s) alone
+        cannot fit that, where the leave-one-out baseline, a mean per time step, does
     """
 
-    def __init__(self, n_inputs: int, net_arch: Sequence[int] = (64, 64), activation: str = "tanh", discrete: bool = False) -> None:
+    def __init__(self, n_inputs: int, net_arch: Sequence[int] = (64, 64), activation: str = "tanh", discrete: bool = False,
+                 time_aware: bool = False) -> None:
         if isinstance(net_arch, str | bytes) or not isinstance(net_arch, Sequence) or not all(
                 isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in net_arch):
             raise ValueError(f"critic_net_arch must be a list of hidden layer sizes (positive ints, e.g. [64, 64]), got {net_arch!r}")
         if activation not in CRITIC_ACTIVATIONS:
             raise ValueError(f"critic_activation must be one of {tuple(CRITIC_ACTIVATIONS)}, got {activation!r}")
+        if not isinstance(time_aware, bool):
+            raise TypeError(f"critic_time_aware must be a bool, got {time_aware!r}")
         self.n_inputs, self.net_arch, self.activation, self.discrete = int(n_inputs), [int(h) for h in net_arch], activation, bool(discrete)
-        self.sizes = [self.n_inputs, *self.net_arch, 1]
+        self.time_aware = time_aware
+        self.sizes = [self.n_inputs + int(time_aware), *self.net_arch, 1]
         self.n_params = sum(i * o + o for i, o in zip(self.sizes[:-1], self.sizes[1:], strict=True))
         self.head_inputs = self.sizes[-2]
 
@@ -221,8 +229,14 @@ class MlpCritic(FlatCritic):
     def _inputs(self, obs: torch.Tensor, batch_dims: int, dtype: torch.dtype) -> torch.Tensor:
         lead = obs.shape[:batch_dims]
         if self.discrete:
-            return torch.nn.functional.one_hot(obs.long().clamp(0, self.n_inputs - 1), self.n_inputs).to(dtype).reshape(*lead, self.n_inputs)
-        return obs.reshape(*lead, -1).to(dtype)
+            x = torch.nn.functional.one_hot(obs.long().clamp(0, self.n_inputs - 1), self.n_inputs).to(dtype).reshape(*lead, self.n_inputs)
+        else:
+            x = obs.reshape(*lead, -1).to(dtype)
+        if not self.time_aware:
+            return x
+        steps = lead[-1]  # obs [*B, m, T, ...]: the last leading axis is time
+        fraction = torch.arange(steps, device=x.device, dtype=dtype) / steps
+        return torch.cat((x, fraction.reshape(steps, 1).expand(*lead, 1)), -1)
 
     def network(self, phi: torch.Tensor, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
         """``f_φ(s)`` of every step: ``[*B, m, T]`` from ``obs [*B, m, T, *obs_shape]`` (``batch_dims``
@@ -231,7 +245,7 @@ class MlpCritic(FlatCritic):
         ``[*B]`` holds (a one-agent Flower client computes what the whole federation does, bitwise)."""
         batch = phi.shape[:-1]
         lead = obs.shape[:batch_dims]
-        x = self._inputs(obs, batch_dims, phi.dtype).reshape(*batch, -1, self.n_inputs)  # [*B, m·T, in]
+        x = self._inputs(obs, batch_dims, phi.dtype).reshape(*batch, -1, self.sizes[0])  # [*B, m·T, in]
         act = CRITIC_ACTIVATIONS[self.activation]
         offset = 0
         n_layers = len(self.sizes) - 1

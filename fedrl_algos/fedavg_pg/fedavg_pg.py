@@ -107,6 +107,9 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         broadcasts it with θ). Every agent's critic is kept in ``agent_critic_*`` and saved with the
         model; with ``agents_per_round`` every agent is computed (its streams advance) but only the
         sampled agents' critics are updated
+    :param critic_time_aware: the critic also takes the step's fraction of the horizon ``h/T`` as an
+        input (default ``False``): on a fixed horizon the value to go depends on the time left, which
+        V(s) alone cannot fit (flat observations only; ``docs/algorithms/baselines.md``)
     :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
         (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
         MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
@@ -168,6 +171,7 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        critic_time_aware: bool = False,
         normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
@@ -175,7 +179,7 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         self.local_steps = check_int("local_steps", local_steps)
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
         self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
-                                  critic_activation, critic_aggregation)
+                                  critic_activation, critic_aggregation, critic_time_aware)
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)

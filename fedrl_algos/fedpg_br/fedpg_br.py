@@ -112,6 +112,9 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         round the server averages the φ of the agents its filter kept, after bringing them to
         common output statistics, and sends the average to every agent; the server's own critic
         is not averaged)
+    :param critic_time_aware: the critic also takes the step's fraction of the horizon ``h/T`` as an
+        input (default ``False``): on a fixed horizon the value to go depends on the time left, which
+        V(s) alone cannot fit (flat observations only; ``docs/algorithms/baselines.md``)
     :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
         (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
         MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
@@ -175,6 +178,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        critic_time_aware: bool = False,
         normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
@@ -195,7 +199,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
             raise ValueError(f"max_byzantine_fraction must be in [0, 0.5), got {max_byzantine_fraction!r}")
         self.max_byzantine_fraction = float(max_byzantine_fraction)
         self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
-                                  critic_activation, critic_aggregation)
+                                  critic_activation, critic_aggregation, critic_time_aware)
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)

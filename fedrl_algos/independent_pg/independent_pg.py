@@ -69,6 +69,9 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
     :param critic_activation: ``"tanh"`` (default) or ``"relu"``
     :param critic_aggregation: ``"local"`` only: independent agents do not communicate, so each
         keeps its own critic (kept in ``agent_critic_*`` and saved with the model)
+    :param critic_time_aware: the critic also takes the step's fraction of the horizon ``h/T`` as an
+        input (default ``False``): on a fixed horizon the value to go depends on the time left, which
+        V(s) alone cannot fit (flat observations only; ``docs/algorithms/baselines.md``)
     :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
         (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
         MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
@@ -113,12 +116,13 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        critic_time_aware: bool = False,
         normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         self.step_size = check_step_size("step_size", step_size)
         self._set_critic_settings("gpomdp", baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
-                                  critic_activation, critic_aggregation)
+                                  critic_activation, critic_aggregation, critic_time_aware)
         self.normalize_returns = check_normalize_returns(normalize_returns, "gpomdp")
         self.n_trajectories = check_int("n_trajectories", n_trajectories)
         self.local_steps = check_int("local_steps", local_steps)

@@ -107,6 +107,9 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         own critic: heterogeneous agents have different value functions, and the value of the
         averaged policy is not the average of the values) or ``"average"`` (the server averages
         φ with θ each round)
+    :param critic_time_aware: the critic also takes the step's fraction of the horizon ``h/T`` as an
+        input (default ``False``): on a fixed horizon the value to go depends on the time left, which
+        V(s) alone cannot fit (flat observations only; ``docs/algorithms/baselines.md``)
     :param normalize_returns: standardise every trajectory's returns-to-go over its own running steps
         (subtract the episode's mean, divide by its standard deviation) before the baseline, as the
         MFPO authors' released code and many REINFORCE implementations do (default ``False``, the
@@ -161,6 +164,7 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        critic_time_aware: bool = False,
         normalize_returns: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
@@ -173,7 +177,7 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
             initial_trajectories = self.n_trajectories * self.local_steps
         self.initial_trajectories = check_int("initial_trajectories", initial_trajectories)
         self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
-                                  critic_activation, critic_aggregation)
+                                  critic_activation, critic_aggregation, critic_time_aware)
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         if max_importance_weight is not None and not (

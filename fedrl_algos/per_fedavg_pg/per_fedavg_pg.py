@@ -143,6 +143,9 @@ class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm
         server averages the participants' critics and broadcasts the average with θ). Every agent's
         critic is kept in ``agent_critic_*`` and saved with the model; with ``agents_per_round`` every
         agent is computed and only the sampled agents' critics are updated
+    :param critic_time_aware: the critic also takes the step's fraction of the horizon ``h/T`` as an
+        input (default ``False``): on a fixed horizon the value to go depends on the time left, which
+        V(s) alone cannot fit (flat observations only; ``docs/algorithms/baselines.md``)
 
     >>> from fedrl_algos import PerFedAvgPG
     >>> model = PerFedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", alpha=2.0, step_size=0.3, seed=0, device="cpu")
@@ -201,6 +204,7 @@ class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm
         critic_net_arch: Sequence[int] | None = None,
         critic_activation: str = "tanh",
         critic_aggregation: str = "local",
+        critic_time_aware: bool = False,
         _init_setup_model: bool = True,
     ) -> None:
         if variant not in _VARIANTS:
@@ -217,7 +221,7 @@ class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm
         self.adaptation_baseline = check_adaptation_baseline(adaptation_baseline, allow_critic=True)
         self.outer_baseline = check_adaptation_baseline(outer_baseline, "outer_baseline", allow_critic=True)
         self._set_critic_options(self.uses_critic, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
-                                 critic_activation, critic_aggregation)
+                                 critic_activation, critic_aggregation, critic_time_aware)
         self.alpha = check_step_size("alpha", alpha)
         self.step_size = check_step_size("step_size", step_size)
         self.local_steps = check_int("local_steps", local_steps)
