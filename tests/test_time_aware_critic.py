@@ -116,3 +116,22 @@ def test_refusals_name_the_option():
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     with pytest.raises(ValueError, match="critic_time_aware=True needs a flat"):
         critic_for_space(frames, time_aware=True)
+
+
+def test_fedrl_reproduce_mfpo_runs_the_time_aware_critic_and_records_it(tmp_path, capsys):
+    import json
+
+    from fedrl_algos.cli import main
+    from fedrl_algos.reproduce.mfpo import MFPOConfig
+
+    code = main(["reproduce", "mfpo", "--env", "pendulum", "--quick", "--seeds", "2", "--no-sweeps", "--baseline", "critic",
+                 "--critic-time-aware", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    payload = json.loads((tmp_path / "mfpo" / "results.json").read_text())
+    assert payload["settings"]["mfpo_methods"]["mfpo_critic_time_aware"] is True
+    assert payload["settings"]["methods"]["mfpo_critic_time_aware"] is False  # FedAvg-PG and FedPG-BR: no critic
+    assert "critic_time_aware=True" in (tmp_path / "mfpo" / "report.md").read_text()
+    with pytest.raises(ValueError, match="critic_time_aware=True needs baseline='critic'"):
+        MFPOConfig(critic_time_aware=True)
+    assert main(["reproduce", "byzantine", "--quick", "--critic-time-aware", "--no-progress"]) == 2
+    assert "--critic-time-aware" in capsys.readouterr().err

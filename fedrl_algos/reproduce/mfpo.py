@@ -148,6 +148,8 @@ class MethodConfig:
         run's seed); FedAvg-PG and FedPG-BR keep the leave-one-out baseline
     :param mfpo_normalize_returns: MFPO standardises every episode's returns-to-go (``MFPO``'s
         ``normalize_returns``, the authors' code; not an unbiased estimate of ∇J); MFPO only
+    :param mfpo_critic_time_aware: with ``mfpo_baseline="critic"``, the critic also takes the step's
+        fraction of the horizon (``MFPO``'s ``critic_time_aware``); MFPO only
     """
 
     local_steps: int = 10
@@ -178,9 +180,12 @@ class MethodConfig:
     gamma: float = GAMMA
     mfpo_baseline: str | None = "loo"
     mfpo_normalize_returns: bool = False
+    mfpo_critic_time_aware: bool = False
 
     def __post_init__(self) -> None:
         check_discounting("gpomdp", self.discounting)
+        if not isinstance(self.mfpo_critic_time_aware, bool):
+            raise TypeError(f"mfpo_critic_time_aware must be a bool, got {self.mfpo_critic_time_aware!r}")
         if self.mfpo_baseline not in MFPO_BASELINES:
             raise ValueError(f"mfpo_baseline must be one of {MFPO_BASELINES}, got {self.mfpo_baseline!r}")
         if not isinstance(self.mfpo_normalize_returns, bool):
@@ -342,7 +347,7 @@ def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum
     ``cfg.mfpo_baseline`` (with ``"critic"``: every agent's value network starts from its run's seed, as
     ``MFPO(seed=...)``'s) and ``cfg.mfpo_normalize_returns``."""
     cfg = pop.cfg
-    critic = critic_for_space(pop.observation_space) if cfg.mfpo_baseline == "critic" else None
+    critic = critic_for_space(pop.observation_space, time_aware=cfg.mfpo_critic_time_aware) if cfg.mfpo_baseline == "critic" else None
     update = MFPOUpdate(
         pop.policy, cfg.gamma, cfg.local_steps, cfg.n_trajectories,
         cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
@@ -688,6 +693,8 @@ def _mfpo_estimator_note(methods: MethodConfig) -> str:
         parts.append(f"baseline={methods.mfpo_baseline!r}")
     if methods.mfpo_normalize_returns:
         parts.append("normalize_returns=True (per-episode normalised returns, the authors' code; not an unbiased estimate of ∇J)")
+    if methods.mfpo_baseline == "critic" and methods.mfpo_critic_time_aware:
+        parts.append("critic_time_aware=True (the critic sees the step's fraction of the horizon)")
     return ", ".join(parts)
 
 
@@ -741,6 +748,9 @@ class MFPOConfig:
     normalize_returns: bool = False
     """MFPO standardises every episode's returns-to-go (:attr:`MethodConfig.mfpo_normalize_returns`; the
     authors' code, not the paper's estimator); MFPO only"""
+    critic_time_aware: bool = False
+    """with ``baseline="critic"``: the critic also takes the step's fraction of the horizon
+    (:attr:`MethodConfig.mfpo_critic_time_aware`); MFPO only"""
 
     def __post_init__(self) -> None:
         _check_env(self.env)
@@ -749,15 +759,21 @@ class MFPOConfig:
             raise ValueError(f"baseline must be one of {MFPO_BASELINES}, got {self.baseline!r}")
         if not isinstance(self.normalize_returns, bool):
             raise TypeError(f"normalize_returns must be a bool, got {self.normalize_returns!r}")
+        if not isinstance(self.critic_time_aware, bool):
+            raise TypeError(f"critic_time_aware must be a bool, got {self.critic_time_aware!r}")
+        if self.critic_time_aware and self.baseline != "critic":
+            raise ValueError(f"critic_time_aware=True needs baseline='critic', got baseline={self.baseline!r}")
 
     def mfpo_methods(self, methods: MethodConfig) -> MethodConfig:
         """MFPO's settings from the methods' ``methods``: its step rule (:func:`adam_methods` with
-        ``mfpo_optimizer="adam"``), its baseline and its return normalisation."""
+        ``mfpo_optimizer="adam"``), its baseline, its return normalisation and its critic's time input."""
         if self.mfpo_optimizer == "adam":
             methods = adam_methods(self.env, methods)
-        if self.baseline == methods.mfpo_baseline and self.normalize_returns == methods.mfpo_normalize_returns:
+        if (self.baseline, self.normalize_returns, self.critic_time_aware) == (
+                methods.mfpo_baseline, methods.mfpo_normalize_returns, methods.mfpo_critic_time_aware):
             return methods
-        return replace(methods, mfpo_baseline=self.baseline, mfpo_normalize_returns=self.normalize_returns)
+        return replace(methods, mfpo_baseline=self.baseline, mfpo_normalize_returns=self.normalize_returns,
+                       mfpo_critic_time_aware=self.critic_time_aware)
 
     @property
     def resolved_budget(self) -> float:
@@ -781,7 +797,7 @@ class MFPOConfig:
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
         4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps``,
-        ``sb3_baselines`` and MFPO's ``mfpo_optimizer``, ``baseline`` and ``normalize_returns`` are kept."""
+        ``sb3_baselines`` and MFPO's ``mfpo_optimizer``, ``baseline``, ``normalize_returns`` and ``critic_time_aware`` are kept."""
         generic = dict(net_arch=(16,), activation="relu", squash="tanh", horizon=15, n_envs=2) if self.env in GENERIC_ENVS else {}
         return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4, **generic), budget=0.0, sweep_budget=0.0,
                        rounds=2, sweep_rounds=1, sb3_budget=60, sweep_max_local_steps=2)
