@@ -260,3 +260,33 @@ def test_bad_critic_settings_name_their_argument(kwargs, argument):
 def test_a_vf_net_arch_without_the_critic_names_the_baselines():
     with pytest.raises(ValueError, match="adaptation_baseline='critic' or outer_baseline='critic'.*adaptation_baseline='loo'"):
         PerFedAvgPG("MlpPolicy", "fedrl/ArcNavigation-v0", policy_kwargs=dict(net_arch=dict(pi=[8], vf=[8])), device="cpu")
+
+
+@pytest.mark.parametrize("cls", ["per_fedavg_pg", "fedavg_pg"])
+def test_agents_whose_update_the_server_rejects_keep_their_critic_of_the_rounds_start(cls):
+    """As Flower's server does with a rejected reply: an infinite step makes every update non-finite,
+    the round is skipped, and no agent keeps the critic it fitted during the round."""
+    from fedrl_algos import FedAvgPG
+    from fedrl_algos.core.aggregation import RejectedUpdateWarning
+
+    if cls == "per_fedavg_pg":
+        model = _model(step_size=float("inf"), local_steps=1)
+    else:
+        model = FedAvgPG("TabularPolicy", GRID, step_size=float("inf"), local_steps=1, n_trajectories=4, baseline="critic",
+                         critic_net_arch=[8], seed=0, device="cpu", eval_trajectories=0)
+    before = _snapshot(model)
+    with pytest.warns(RejectedUpdateWarning, match="rejected 8 update"):
+        model.learn(total_rounds=1)
+    _assert_same(_snapshot(model), before)
+
+
+def test_adapt_with_the_critic_weights_absolute_discounted_steps_and_refuses_normalised_critics():
+    from fedrl_algos import FedAvgPG
+
+    relative = FedAvgPG("TabularPolicy", GRID, local_steps=1, n_trajectories=4, baseline="critic", discounting="relative",
+                        critic_net_arch=[8], seed=0, device="cpu", eval_trajectories=0).learn(total_rounds=1)
+    assert relative._adaptation_critics([0]).discounting == "absolute"  # eq. (2)'s weights, as every adapt baseline
+    normalised = FedAvgPG("TabularPolicy", GRID, local_steps=1, n_trajectories=4, baseline="critic", normalize_returns=True,
+                          critic_net_arch=[8], seed=0, device="cpu", eval_trajectories=0)
+    with pytest.raises(ValueError, match="normalize_returns=True"):
+        normalised.adapt(0, n_trajectories=4, step_size=0.1, baseline="critic")

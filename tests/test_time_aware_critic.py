@@ -16,12 +16,13 @@ from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
 from fedrl_algos.core.critic import MlpCritic, critic_step_weights
 from fedrl_algos.core.gpomdp import gpomdp, score_gradient
 from fedrl_algos.policies.critics import critic_for_space
+from fedrl_envs import GRIDWORLD
 
 GRID = "fedrl/GridWorld-v0"
 
 
 def test_the_time_input_is_the_steps_fraction_of_the_horizon():
-    critic = MlpCritic(3, [8, 5], time_aware=True)
+    critic = MlpCritic(3, [8, 5], time_horizon=7)
     plain = MlpCritic(4, [8, 5])
     assert critic.n_params == plain.n_params
     obs, targets, mask = _vector_batch(steps=7)
@@ -31,6 +32,11 @@ def test_the_time_input_is_the_steps_fraction_of_the_horizon():
     assert torch.equal(critic.network(phi, obs, 4), plain.network(phi, torch.cat((obs, fraction), -1), 4))
     state = critic.fit(critic.initial_state(phi), obs, targets, mask, 4, 1e-2)
     assert torch.isfinite(state.phi).all() and not torch.equal(state.phi, phi)
+    # a batch trimmed to its longest episode (5 of the horizon's 7 steps) gives each step the same input
+    trimmed = critic.network(phi, obs[..., :5, :], 4)
+    assert torch.equal(trimmed, critic.network(phi, obs, 4)[..., :5])
+    with pytest.raises(ValueError, match="time_horizon"):
+        MlpCritic(3, [8], time_horizon=0)
 
 
 def _fitted(critic, tabular, theta):
@@ -52,7 +58,7 @@ def test_a_frozen_time_aware_critic_is_unbiased_on_the_gridworld(tabular, evalua
     rows, traj = _grid_batches(tabular, theta, n_batches, m, seed=31)
     loo = _per_batch(gpomdp(tabular, rows, traj, GAMMA, "loo"), n_batches).var(0).sum(-1)
     for time_aware in (False, True):
-        critic = MlpCritic(25, [16], discrete=True, time_aware=time_aware)
+        critic = MlpCritic(25, [16], discrete=True, time_horizon=GRIDWORLD.horizon(GRIDWORLD.train_tasks[0]) + 1 if time_aware else None)
         state = _fitted(critic, tabular, theta)
         samples = _per_batch(score_gradient(tabular, rows, traj, _psi(critic, state, traj, n_batches)), n_batches)
         z = z_scores(samples, _exact(evaluator, theta))
@@ -69,7 +75,7 @@ def test_on_a_fixed_horizon_only_the_time_aware_critic_fits_the_value_to_go():
     _, targets = critic_step_weights(torch.zeros_like(rewards), rewards, mask, 1.0, 1.0)
     losses = {}
     for time_aware in (False, True):
-        critic = MlpCritic(3, [16], time_aware=time_aware)
+        critic = MlpCritic(3, [16], time_horizon=steps if time_aware else None)
         state = critic.initial_state(critic.initial_phi(0, torch.float64).expand(2, -1).clone())
         state = critic.fit(state, obs, targets, mask, 500, 0.01)
         losses[time_aware] = critic.loss(state, obs, targets, mask)  # normalised units: 1 = the targets' variance
@@ -89,7 +95,7 @@ SETTINGS = {
 def test_every_critic_federation_takes_saves_and_resumes_the_option(cls, tmp_path):
     kwargs = dict(SETTINGS[cls], critic_net_arch=[8], critic_time_aware=True, seed=0, device="cpu", eval_trajectories=0)
     straight = cls("TabularPolicy", GRID, **kwargs).learn(total_rounds=2)
-    assert straight.critic_network.time_aware and straight.critic_network.sizes[0] == 25 + 1
+    assert straight.critic_network.time_horizon == straight.federation.horizon + 1 and straight.critic_network.sizes[0] == 25 + 1
     half = cls("TabularPolicy", GRID, **kwargs).learn(total_rounds=1)
     half.save(tmp_path / "m.zip")
     loaded = cls.load(tmp_path / "m.zip", device="cpu")
@@ -97,6 +103,28 @@ def test_every_critic_federation_takes_saves_and_resumes_the_option(cls, tmp_pat
     loaded.learn(total_rounds=1, reset_num_timesteps=False)
     assert torch.equal(loaded.policy.theta, straight.policy.theta)
     assert torch.equal(loaded.agent_critic_phi, straight.agent_critic_phi)
+
+
+def test_a_flower_round_on_trimmed_batches_equals_the_in_process_round():
+    """CartPole's batches are trimmed to their longest episode, which differs between a one-agent
+    client and the federation: the time input must not depend on it. (Bitwise equality does not hold
+    on trimmed batches for any critic, the reductions run over other shapes; float64 agrees to 1e-12.
+    With T taken from the batch's length the two differed by 8e-3 in φ.)"""
+    pytest.importorskip("flwr")
+    import copy
+
+    from fedrl_algos.flower import AgentWorker, protocol_for, round_by_halves
+
+    def make():
+        return FedAvgPG("MlpPolicy", "fedrl/CartPole-v0", seed=3, device="cpu", n_trajectories=3, local_steps=2, horizon=60,
+                        baseline="critic", critic_time_aware=True, n_critic_epochs=2, policy_kwargs=dict(dtype=torch.float64),
+                        eval_trajectories=0)
+
+    reference = make().learn(total_rounds=2)
+    model = make().learn(total_rounds=1)
+    round_by_halves(protocol_for(model), [AgentWorker(copy.deepcopy(model), a) for a in range(model.n_agents)])
+    torch.testing.assert_close(model.policy.theta, reference.policy.theta, rtol=0, atol=1e-12)
+    torch.testing.assert_close(model.agent_critic_phi, reference.agent_critic_phi, rtol=0, atol=1e-12)
 
 
 def test_files_saved_before_the_option_load_without_it(tmp_path):
@@ -110,12 +138,22 @@ def test_files_saved_before_the_option_load_without_it(tmp_path):
 def test_refusals_name_the_option():
     with pytest.raises(TypeError, match="critic_time_aware must be a bool"):
         MFPO("TabularPolicy", GRID, **SETTINGS[MFPO], critic_time_aware="yes", device="cpu")
+    with pytest.raises(TypeError, match="critic_time_aware must be a bool"):  # checked with or without the critic
+        PerFedAvgPG("TabularPolicy", GRID, critic_time_aware=1, device="cpu")
+    with pytest.raises(ValueError, match="critic_time_aware=True gives the critic a time input, which needs baseline='critic', got baseline='loo'"):
+        MFPO("TabularPolicy", GRID, baseline="loo", critic_time_aware=True, device="cpu")
+    with pytest.raises(ValueError, match="needs adaptation_baseline='critic' or outer_baseline='critic'"):
+        PerFedAvgPG("TabularPolicy", GRID, critic_time_aware=True, device="cpu")
+    from fedrl_algos.reproduce.mfpo import MethodConfig
+
+    with pytest.raises(ValueError, match="mfpo_critic_time_aware=True needs mfpo_baseline='critic'"):
+        MethodConfig(mfpo_critic_time_aware=True)
     import gymnasium as gym
     import numpy as np
 
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     with pytest.raises(ValueError, match="critic_time_aware=True needs a flat"):
-        critic_for_space(frames, time_aware=True)
+        critic_for_space(frames, time_horizon=10)
 
 
 def test_fedrl_reproduce_mfpo_runs_the_time_aware_critic_and_records_it(tmp_path, capsys):

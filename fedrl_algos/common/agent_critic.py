@@ -128,9 +128,12 @@ class AgentCriticMixin:
     ) -> None:
         """Keep the critic's settings on the model; ``checked`` (the model uses the critic): check
         each first (``ValueError`` naming the argument)."""
+        if not isinstance(critic_time_aware, bool):
+            raise TypeError(f"critic_time_aware must be a bool, got {critic_time_aware!r}")
+        if critic_time_aware and not checked:
+            raise ValueError(f"critic_time_aware=True gives the critic a time input, which needs {self.critic_baseline_arguments}, "
+                             f"got {self._baseline_description()}")
         if checked:
-            if not isinstance(critic_time_aware, bool):
-                raise TypeError(f"critic_time_aware must be a bool, got {critic_time_aware!r}")
             check_critic_settings(gae_lambda, n_critic_epochs, critic_learning_rate, critic_aggregation)
             if critic_aggregation not in self.critic_aggregations:
                 raise ValueError(f"critic_aggregation must be one of {self.critic_aggregations} for {type(self).__name__}, "
@@ -160,8 +163,10 @@ class AgentCriticMixin:
         """The value network of ``baseline="critic"`` for this model's observations, else ``None``."""
         if not self.uses_critic:
             return None
+        # the time input's T is the federation's horizon (H + 1 steps), fixed for every batch
+        time_horizon = self.federation.horizon + 1 if self._critic_setting("critic_time_aware") else None
         return critic_for_space(self.observation_space, self._critic_setting("critic_net_arch"), self._critic_setting("critic_activation"),
-                                self._critic_setting("critic_time_aware"))
+                                time_horizon)
 
     def _setup_agent_critic(self) -> FlatCritic | None:
         """The value network (``None`` without the critic), also kept as :attr:`critic_network`;
@@ -224,6 +229,25 @@ class AgentCriticMixin:
         gradient.state = start
         return start
 
+    def _rejections_recorded(self, rejected: list[Any]) -> Any:
+        """An ``on_reject`` callback for the round: the model's own (:meth:`_reject_updates`), and the
+        check kept in ``rejected`` so that :meth:`_critic_participants` can leave those agents out."""
+        def on_reject(check: Any) -> None:
+            rejected.append(check)
+            self._reject_updates(check)  # type: ignore[attr-defined]
+
+        return on_reject
+
+    @staticmethod
+    def _critic_participants(mask: torch.Tensor | None, rejected: list[Any]) -> torch.Tensor | None:
+        """The agents ``[1, n]`` whose fitted critics the round keeps: sampled (``mask``; ``None``:
+        all) and not rejected by the server (a rejected agent keeps its critic of the round's start,
+        as Flower's server does with a rejected reply)."""
+        participating = None if mask is None else mask > 0
+        for check in rejected:
+            participating = check.valid if participating is None else participating & check.valid
+        return participating
+
     def _end_critic_round(self, estimator: Any, start: CriticState | None, participating: torch.Tensor | None = None) -> None:
         """Keep the critics the round fitted under the federated rule ``critic_aggregation``
         (:func:`~fedrl_algos.core.critic.federate_critics`; ``participating [1, n]``: the agents of
@@ -235,12 +259,12 @@ class AgentCriticMixin:
 
     # --- the critics of an adaptation step (baseline="critic" in adapt and the logged evaluation) ---
     def _frozen_critics(self, state: CriticState) -> CriticBaseline:
-        """A :class:`~fedrl_algos.core.critic.CriticBaseline` holding ``state`` with the model's
-        settings, for weights only (the adaptation step never fits it: evaluation and :meth:`adapt`
-        leave the model's critics as they are)."""
+        """A :class:`~fedrl_algos.core.critic.CriticBaseline` holding ``state`` with the model's λ,
+        for weights only (the adaptation step never fits it: evaluation and :meth:`adapt` leave the
+        model's critics as they are). Its weights are ``γ^h A_h`` whatever the model's
+        ``discounting``: every adaptation baseline weights eq. (2)'s absolute-discounted steps."""
         return CriticBaseline(self.gamma, self.critic_network, self._critic_setting("gae_lambda"), 0,
-                              self._critic_setting("critic_learning_rate"), state,
-                              discounting=self.__dict__.get("discounting", "absolute"))
+                              self._critic_setting("critic_learning_rate"), state)
 
     def _adaptation_critics(self, tasks: Sequence[Any]) -> CriticBaseline:
         """The critics of an adaptation step on ``tasks`` (as given to :meth:`adapt`), batch
@@ -252,6 +276,9 @@ class AgentCriticMixin:
         if not self.uses_critic:
             raise ValueError(f"baseline='critic' needs a model trained with the critic ({self.critic_baseline_arguments}), "
                              f"got {self._baseline_description()}")
+        if self.__dict__.get("normalize_returns", False):
+            raise ValueError("baseline='critic' cannot adapt with the critics of a model trained with normalize_returns=True: they "
+                             "predict per-episode normalised returns, not the returns an adaptation step weights; use another baseline")
         state = self.critic_state  # [1, n]
         average = average_critics(self.critic_network, state)
         n = int(self.n_agents)

@@ -194,24 +194,27 @@ class MlpCritic(FlatCritic):
     :param net_arch: hidden layer sizes (default ``[64, 64]``, SB3's ``vf``)
     :param activation: ``"tanh"`` (default, SB3's) or ``"relu"``
     :param discrete: observations are integer state indices, one-hot encoded
-    :param time_aware: one more input, the step's fraction of the horizon ``h/T`` (``T``: the
-        trajectories' length). On a fixed horizon the value to go depends on the time left as well
-        as on the state (Pardo et al., 2018, "Time limits in reinforcement learning"); V(s) alone
-        cannot fit that, where the leave-one-out baseline, a mean per time step, does
+    :param time_horizon: ``T``, the steps of the longest episode (``H + 1``), for one more input, the
+        step's fraction of the horizon ``h/T`` (``None``: no time input). On a fixed horizon the value
+        to go depends on the time left as well as on the state (Pardo et al., 2018, "Time limits in
+        reinforcement learning"); V(s) alone cannot fit that, where the leave-one-out baseline, a
+        mean per time step, does. ``T`` is fixed, never a batch's length: samplers trim a batch to
+        its longest episode, and an input that depended on that would depend on the batch (the
+        baseline would no longer be a function of the state and the step only)
     """
 
     def __init__(self, n_inputs: int, net_arch: Sequence[int] = (64, 64), activation: str = "tanh", discrete: bool = False,
-                 time_aware: bool = False) -> None:
+                 time_horizon: int | None = None) -> None:
         if isinstance(net_arch, str | bytes) or not isinstance(net_arch, Sequence) or not all(
                 isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in net_arch):
             raise ValueError(f"critic_net_arch must be a list of hidden layer sizes (positive ints, e.g. [64, 64]), got {net_arch!r}")
         if activation not in CRITIC_ACTIVATIONS:
             raise ValueError(f"critic_activation must be one of {tuple(CRITIC_ACTIVATIONS)}, got {activation!r}")
-        if not isinstance(time_aware, bool):
-            raise TypeError(f"critic_time_aware must be a bool, got {time_aware!r}")
+        if time_horizon is not None and (isinstance(time_horizon, bool) or not isinstance(time_horizon, int) or time_horizon < 1):
+            raise ValueError(f"time_horizon must be None or an int >= 1 (the steps of the longest episode), got {time_horizon!r}")
         self.n_inputs, self.net_arch, self.activation, self.discrete = int(n_inputs), [int(h) for h in net_arch], activation, bool(discrete)
-        self.time_aware = time_aware
-        self.sizes = [self.n_inputs + int(time_aware), *self.net_arch, 1]
+        self.time_horizon = time_horizon
+        self.sizes = [self.n_inputs + int(self.time_aware), *self.net_arch, 1]
         self.n_params = sum(i * o + o for i, o in zip(self.sizes[:-1], self.sizes[1:], strict=True))
         self.head_inputs = self.sizes[-2]
 
@@ -232,15 +235,20 @@ class MlpCritic(FlatCritic):
             x = torch.nn.functional.one_hot(obs.long().clamp(0, self.n_inputs - 1), self.n_inputs).to(dtype).reshape(*lead, self.n_inputs)
         else:
             x = obs.reshape(*lead, -1).to(dtype)
-        if not self.time_aware:
+        if self.time_horizon is None:
             return x
         steps = lead[-1]  # obs [*B, m, T, ...]: the last leading axis is time
-        fraction = torch.arange(steps, device=x.device, dtype=dtype) / steps
+        fraction = torch.arange(steps, device=x.device, dtype=dtype) / self.time_horizon
         return torch.cat((x, fraction.reshape(steps, 1).expand(*lead, 1)), -1)
+
+    @property
+    def time_aware(self) -> bool:
+        """Whether the step's fraction of the horizon is an input (``time_horizon`` is set)."""
+        return self.time_horizon is not None
 
     def network(self, phi: torch.Tensor, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
         """``f_φ(s)`` of every step: ``[*B, m, T]`` from ``obs [*B, m, T, *obs_shape]`` (``batch_dims``
-        = 3 + len(B)), one batched matmul per hidden layer over the leading axes ``[*B]``; the output
+        = 2 + len(B)), one batched matmul per hidden layer over the leading axes ``[*B]``; the output
         layer is an elementwise product and sum, so a row's values do not depend on how many rows
         ``[*B]`` holds (a one-agent Flower client computes what the whole federation does, bitwise)."""
         batch = phi.shape[:-1]

@@ -275,11 +275,12 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
         theta = self.policy.theta.detach().unsqueeze(0)
         control = self.control_state
         critic = self._start_critic_round(self.estimator)
+        rejected: list = []
         new_theta, state, mask = fedavg_pg_round(
             self.federation, theta, self.estimator, self.step_size, self.local_step, self.local_steps,
-            self.agents_per_round, self.optimizer_state, self.server_step_size, self._reject_updates, control,
+            self.agents_per_round, self.optimizer_state, self.server_step_size, self._rejections_recorded(rejected), control,
         )
-        self._end_critic_round(self.estimator, critic, None if mask is None else mask > 0)
+        self._end_critic_round(self.estimator, critic, self._critic_participants(mask, rejected))
         self._store_server_state(state)
         self._store_control_state(control)
         self.local_step += self.local_steps

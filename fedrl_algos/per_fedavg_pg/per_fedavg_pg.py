@@ -142,7 +142,8 @@ class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm
         own critic — the agents' tasks differ, and so do their values) or ``"average"`` (each round the
         server averages the participants' critics and broadcasts the average with θ). Every agent's
         critic is kept in ``agent_critic_*`` and saved with the model; with ``agents_per_round`` every
-        agent is computed and only the sampled agents' critics are updated
+        agent is computed and only the sampled agents' fits are kept (with ``"average"`` their average
+        is then sent to every agent); an agent whose update the server rejects keeps its critic
     :param critic_time_aware: the critic also takes the step's fraction of the horizon ``h/T`` as an
         input (default ``False``): on a fixed horizon the value to go depends on the time left, which
         V(s) alone cannot fit (flat observations only; ``docs/algorithms/baselines.md``)
@@ -330,11 +331,12 @@ class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm
         theta = self.policy.theta.detach().unsqueeze(0)
         control = self.control_state
         critic = self._start_critic_round(self.estimator)
+        rejected: list = []
         new_theta, mask = per_fedavg_pg_round(
-            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round, self._reject_updates,
-            control,
+            self.federation, theta, self.estimator, self.step_size, self.local_steps, self.agents_per_round,
+            self._rejections_recorded(rejected), control,
         )
-        self._end_critic_round(self.estimator, critic, None if mask is None else mask > 0)
+        self._end_critic_round(self.estimator, critic, self._critic_participants(mask, rejected))
         self._store_control_state(control)
         self.policy.theta.data.copy_(new_theta[0])
 

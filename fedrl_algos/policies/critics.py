@@ -101,7 +101,7 @@ class CnnCritic(FlatCritic):
 
 
 def critic_for_space(space: gym_spaces.Space, net_arch: Sequence[int] | None = None, activation: str = "tanh",
-                     time_aware: bool = False) -> MlpCritic | CnnCritic:
+                     time_horizon: int | None = None) -> MlpCritic | CnnCritic:
     """The value network of ``baseline="critic"`` for observations of ``space``.
 
     * An image space (a 3-D ``uint8`` ``Box``, SB3's ``is_image_space``): :class:`CnnCritic`, SB3's
@@ -110,11 +110,11 @@ def critic_for_space(space: gym_spaces.Space, net_arch: Sequence[int] | None = N
       activations are ReLU, whatever ``activation`` says.
     * Otherwise :class:`MlpCritic` with hidden layers ``net_arch`` (default ``None``: ``[64, 64]``):
       one-hot inputs for a ``Discrete`` space (a table with ``net_arch=[]``), the flattened
-      observation otherwise; with ``time_aware`` the step's fraction of the horizon is one more
-      input (:class:`~fedrl_algos.core.critic.MlpCritic`).
+      observation otherwise; with ``time_horizon`` (``T = H + 1``, the steps of the longest episode)
+      the step's fraction of the horizon ``h/T`` is one more input (:class:`~fedrl_algos.core.critic.MlpCritic`).
     """
     if isinstance(space, gym_spaces.Box) and is_image_space(space, check_channels=False):
-        if time_aware:
+        if time_horizon is not None:
             raise ValueError("critic_time_aware=True needs a flat (MLP) critic; image observations get the Nature-CNN critic, "
                              "which takes no time input")
         if net_arch is None:
@@ -126,4 +126,4 @@ def critic_for_space(space: gym_spaces.Space, net_arch: Sequence[int] | None = N
         return CnnCritic(space, int(net_arch[0]))
     discrete = isinstance(space, gym_spaces.Discrete)
     n_inputs = int(space.n) if discrete else int(math.prod(space.shape))
-    return MlpCritic(n_inputs, (64, 64) if net_arch is None else net_arch, activation, discrete, time_aware)
+    return MlpCritic(n_inputs, (64, 64) if net_arch is None else net_arch, activation, discrete, time_horizon)

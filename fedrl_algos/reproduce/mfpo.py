@@ -186,6 +186,8 @@ class MethodConfig:
         check_discounting("gpomdp", self.discounting)
         if not isinstance(self.mfpo_critic_time_aware, bool):
             raise TypeError(f"mfpo_critic_time_aware must be a bool, got {self.mfpo_critic_time_aware!r}")
+        if self.mfpo_critic_time_aware and self.mfpo_baseline != "critic":
+            raise ValueError(f"mfpo_critic_time_aware=True needs mfpo_baseline='critic', got {self.mfpo_baseline!r}")
         if self.mfpo_baseline not in MFPO_BASELINES:
             raise ValueError(f"mfpo_baseline must be one of {MFPO_BASELINES}, got {self.mfpo_baseline!r}")
         if not isinstance(self.mfpo_normalize_returns, bool):
@@ -347,7 +349,9 @@ def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum
     ``cfg.mfpo_baseline`` (with ``"critic"``: every agent's value network starts from its run's seed, as
     ``MFPO(seed=...)``'s) and ``cfg.mfpo_normalize_returns``."""
     cfg = pop.cfg
-    critic = critic_for_space(pop.observation_space, time_aware=cfg.mfpo_critic_time_aware) if cfg.mfpo_baseline == "critic" else None
+    critic = None
+    if cfg.mfpo_baseline == "critic":
+        critic = critic_for_space(pop.observation_space, time_horizon=pop.federation.horizon + 1 if cfg.mfpo_critic_time_aware else None)
     update = MFPOUpdate(
         pop.policy, cfg.gamma, cfg.local_steps, cfg.n_trajectories,
         cfg.initial_trajectories or cfg.n_trajectories * cfg.local_steps,
