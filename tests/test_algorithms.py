@@ -91,6 +91,18 @@ def test_fedavg_with_one_agent_is_plain_policy_gradient():
     assert not torch.equal(model.theta, torch.zeros(100, dtype=torch.float64)) or traj.rewards.sum() == 0
 
 
+def test_a_refused_set_env_leaves_the_model_bound_to_its_env():
+    model = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu", eval_trajectories=0)
+    env, federation, space = model.get_env(), model.federation, model.observation_space
+    bigger = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", agent_kwargs=[{"size": 6}] * model.n_agents, device="cpu").get_env()
+    with pytest.raises(ValueError, match="env must have the model's spaces Discrete\\(25\\)"):
+        model.set_env(bigger)
+    assert model.get_env() is env and model.federation is federation and model.observation_space == space
+    model.learn(total_rounds=1)
+    straight = FedAvgPG("TabularPolicy", "fedrl/GridWorld-v0", seed=0, device="cpu", eval_trajectories=0).learn(total_rounds=1)
+    assert torch.equal(model.theta, straight.theta)
+
+
 class _OneTask:
     """Minimal env-like object: a family and one stacked task."""
 

@@ -339,6 +339,17 @@ def test_normalization_statistics_survive_save_and_load(tmp_path):
         FedAvgPG("TabularPolicy", GRID_ID, normalize_observations=True, device="cpu")
 
 
+def test_set_env_keeps_the_normalization_statistics_the_policy_learned_with():
+    model = MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, step_size=0.05, local_steps=2, n_trajectories=4, gamma=0.9,
+                 normalize_observations=True, seed=0, device="cpu").learn(total_rounds=2)
+    learned = model.obs_normalizer.state_dict()
+    assert float(learned["count"]) > 1  # moments of two rounds, not the initial ones
+    model.set_env(MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, seed=1, device="cpu").get_env())
+    for key, value in learned.items():
+        assert torch.equal(model.obs_normalizer.state_dict()[key], value)
+    assert model._obs_normalizer_state is None  # only a save holds the moments there
+
+
 def test_runs_batched_in_one_env_equal_each_run_alone():
     """Seeds as a batch over one Gymnasium env: ``R · n`` agents run-major, each seeded by its own
     stream id (``run_env_stream_ids``), so a run's trajectories are the same alone or batched."""

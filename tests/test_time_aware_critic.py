@@ -173,3 +173,20 @@ def test_fedrl_reproduce_mfpo_runs_the_time_aware_critic_and_records_it(tmp_path
         MFPOConfig(critic_time_aware=True)
     assert main(["reproduce", "byzantine", "--quick", "--critic-time-aware", "--no-progress"]) == 2
     assert "--critic-time-aware" in capsys.readouterr().err
+
+
+def test_set_env_refuses_other_episode_lengths_and_keeps_the_model():
+    model = MFPO("TabularPolicy", GRID, **SETTINGS[MFPO], critic_time_aware=True, seed=0, device="cpu", eval_trajectories=0)
+    model.learn(total_rounds=1)
+    env, federation = model.get_env(), model.federation
+    agents = [{"agent": a, "horizon": 20} for a in range(model.n_agents)]
+    longer = MFPO("TabularPolicy", GRID, agent_kwargs=agents, device="cpu").get_env()
+    with pytest.raises(ValueError, match=r"env must have episodes of the model's 16 steps \(critic_time_aware=True.*got 21"):
+        model.set_env(longer)
+    assert model.get_env() is env and model.federation is federation and model.critic_network.time_horizon == 16
+    model.learn(total_rounds=1, reset_num_timesteps=False)  # still the model it was
+    straight = MFPO("TabularPolicy", GRID, **SETTINGS[MFPO], critic_time_aware=True, seed=0, device="cpu", eval_trajectories=0)
+    assert torch.equal(model.policy.theta, straight.learn(total_rounds=2).policy.theta)
+    plain = MFPO("TabularPolicy", GRID, **SETTINGS[MFPO], seed=0, device="cpu", eval_trajectories=0)
+    plain.set_env(longer)  # a critic without the time input reads states only
+    assert plain.federation.horizon == 20

@@ -292,6 +292,16 @@ class AgentCriticMixin:
         return self._frozen_critics(CriticState(pick(state.phi, average.phi), moments, pick(state.mean, average.mean),
                                                 pick(state.scale, average.scale)))
 
+    def _check_new_federation(self, federation: Any) -> None:
+        """A time-aware critic reads the step's fraction ``h / T`` of its episode length ``T``: an env
+        with other episode lengths would give its fitted values another meaning (``set_env`` refuses it)."""
+        super()._check_new_federation(federation)  # type: ignore[misc]
+        critic = self.__dict__.get("critic_network")
+        time_horizon = getattr(critic, "time_horizon", None)
+        if time_horizon is not None and federation.horizon + 1 != time_horizon:
+            raise ValueError(f"env must have episodes of the model's {time_horizon} steps (critic_time_aware=True: the critic's "
+                             f"time input is h / {time_horizon}), got {federation.horizon + 1}; build a new model for it")
+
     @property
     def allows_new_agent_count(self) -> bool:  # type: ignore[override]
         """A model with the critic keeps one per agent: :meth:`set_env` needs the same agents."""

@@ -78,6 +78,12 @@ def check_gamma(gamma: Any) -> float:
     return float(gamma)
 
 
+#: the attributes :meth:`FederatedAlgorithm._bind_env` sets (restored when :meth:`~FederatedAlgorithm.set_env` refuses an env)
+_ENV_BINDING = ("family", "env_id", "agent_params", "agent_kwargs", "fed_env", "generic_env_layout", "observation_space",
+                "action_space", "n_agents", "n_envs")
+_UNSET = object()
+
+
 class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     """Base class: a federation of agents trained by communication rounds.
 
@@ -588,20 +594,45 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
     def set_env(self, env: Any, force_reset: bool = True) -> None:
         """Bind another environment of the same family (same spaces and number of agents).
 
+        The model's training state carries over: parameters, optimizer and critic states, and the
+        observation normalizer's running moments. A refused env (another id, other spaces, another
+        number of agents where agents keep state, another episode length for a time-aware critic)
+        raises ``ValueError`` and leaves the model bound to its previous env.
+
         :param env: another environment of the model's id (same spaces and, where agents keep state, agents)
         :param force_reset: unused (kept for SB3 compatibility)
         """
         observation_space, action_space, n_agents = self.observation_space, self.action_space, self.n_agents
-        self._bind_env(env)
-        if self.observation_space != observation_space or self.action_space != action_space:
-            raise ValueError(
-                f"env must have the model's spaces {observation_space} / {action_space}, got "
-                f"{self.observation_space} / {self.action_space}"
-            )
-        if self.n_agents != n_agents and not self.allows_new_agent_count:
-            raise ValueError(f"env must have the model's {n_agents} agents, got {self.n_agents}")
-        self.federation = self._make_federation()
+        bound = {name: self.__dict__.get(name, _UNSET) for name in _ENV_BINDING}
+        normalizer = self.obs_normalizer
+        try:
+            self._bind_env(env)
+            if self.observation_space != observation_space or self.action_space != action_space:
+                raise ValueError(
+                    f"env must have the model's spaces {observation_space} / {action_space}, got "
+                    f"{self.observation_space} / {self.action_space}"
+                )
+            if self.n_agents != n_agents and not self.allows_new_agent_count:
+                raise ValueError(f"env must have the model's {n_agents} agents, got {self.n_agents}")
+            # the running moments the policy was trained with, not the last saved ones
+            self._obs_normalizer_state = None if normalizer is None else normalizer.state_dict()
+            federation = self._make_federation()
+            self._check_new_federation(federation)
+        except Exception:
+            for name, value in bound.items():
+                if value is _UNSET:
+                    self.__dict__.pop(name, None)
+                else:
+                    self.__dict__[name] = value
+            raise
+        finally:
+            self._obs_normalizer_state = None
+        self.federation = federation
         self.evaluator = self._make_evaluator()
+
+    def _check_new_federation(self, federation: Federation) -> None:
+        """Refuse (``ValueError``) a federation that :meth:`set_env` would bind but the model's state
+        does not fit; subclasses extend it."""
 
     #: whether :meth:`set_env` may bind a federation of another size (no per-agent state)
     allows_new_agent_count: ClassVar[bool] = True
