@@ -76,7 +76,8 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--mfpo-optimizer": ("mfpo_optimizer", getattr(args, "mfpo_optimizer", None)),
             "--baseline": ("baseline", getattr(args, "baseline", None)),
             "--normalize-returns": ("normalize_returns", True if getattr(args, "normalize_returns", False) else None),
-            "--critic-time-aware": ("critic_time_aware", True if getattr(args, "critic_time_aware", False) else None)}
+            "--critic-time-aware": ("critic_time_aware", True if getattr(args, "critic_time_aware", False) else None),
+            "--normalize-observations": ("normalize_observations", True if getattr(args, "normalize_observations", False) else None)}
 
 
 def _attack_list(text: str) -> tuple[str, ...]:
@@ -211,6 +212,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--critic-time-aware", action="store_true",
                         help="mfpo: with --baseline critic, the critic also takes the step's fraction of the horizon (the value to go "
                         "on a fixed horizon depends on the time left); only MFPO's rows")
+    parser.add_argument("--normalize-observations", action="store_true",
+                        help="mfpo: every method reads observations normalized with SB3 VecNormalize's rule, the moments pooled over "
+                        "each seed's agents once per round (not the paper's; the MuJoCo rows learn faster with it)")
     parser.add_argument("--attacks", type=_attack_list, default=None, metavar="LIST",
                         help="byzantine: comma-separated attacks to run, 'none' included for the attack-free run, or 'all' "
                         "(default none,random_noise,sign_flip)")

@@ -32,12 +32,17 @@ class ObservationNormalizer:
     :param clip: normalized observations are clipped to ``[−clip, clip]``
     :param eps: added to the variance
     :param device: torch device of the statistics
+    :param runs: ``None`` (one federation: every observation is pooled) or the number of independent
+        runs batched in one program (the reproduction harness's seeds): one set of moments per run,
+        indexed by the observations' leading dimension (``[runs, ...batch, *shape]``), so that batched
+        runs stay the runs they would be alone
     """
 
     shape: tuple[int, ...]
     clip: float = 10.0
     eps: float = 1e-8
     device: torch.device | str = "cpu"
+    runs: int | None = None
     mean: torch.Tensor = field(init=False)
     var: torch.Tensor = field(init=False)
     count: torch.Tensor = field(init=False)
@@ -45,40 +50,72 @@ class ObservationNormalizer:
 
     def __post_init__(self) -> None:
         self.shape = tuple(int(s) for s in self.shape)
+        if self.runs is not None and (isinstance(self.runs, bool) or not isinstance(self.runs, int) or self.runs < 1):
+            raise ValueError(f"runs must be None or an int >= 1, got {self.runs!r}")
+        lead = () if self.runs is None else (self.runs,)
         # SB3 starts from mean 0, var 1 and a tiny count (1e-4), so the first update dominates.
-        self.mean = torch.zeros(self.shape, dtype=torch.float64, device=self.device)
-        self.var = torch.ones(self.shape, dtype=torch.float64, device=self.device)
-        self.count = torch.tensor(1e-4, dtype=torch.float64, device=self.device)
-        self._pending = [torch.zeros((), dtype=torch.float64, device=self.device), torch.zeros_like(self.mean), torch.zeros_like(self.mean)]
+        self.mean = torch.zeros(lead + self.shape, dtype=torch.float64, device=self.device)
+        self.var = torch.ones(lead + self.shape, dtype=torch.float64, device=self.device)
+        self.count = torch.full(lead, 1e-4, dtype=torch.float64, device=self.device)
+        self._pending = self._empty_sums()
+
+    def _empty_sums(self) -> list[torch.Tensor]:
+        return [torch.zeros_like(self.count), torch.zeros_like(self.mean), torch.zeros_like(self.mean)]
+
+    def _per_run(self, value: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        """``value [runs?, *shape]`` (or ``[runs?]``) viewed to broadcast over ``batch_dims`` batch dimensions."""
+        if self.runs is None:
+            return value
+        return value.reshape(self.runs, *([1] * batch_dims), *value.shape[1:])
+
+    def _check_runs(self, obs: torch.Tensor) -> int:
+        """The batch dimensions of ``obs`` after the runs' (checked)."""
+        batch_dims = obs.dim() - len(self.shape)
+        if self.runs is not None:
+            batch_dims -= 1
+            if batch_dims < 0 or obs.shape[0] != self.runs:
+                raise ValueError(f"observations must lead with the normalizer's {self.runs} runs, got shape {tuple(obs.shape)}")
+        return batch_dims
 
     def normalize(self, obs: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``clip((obs − μ) / sqrt(σ² + ε))`` in ``dtype``, for observations ``[..., *shape]``."""
-        mean, std = self.mean.to(obs.device), torch.sqrt(self.var.to(obs.device) + self.eps)
+        """``clip((obs − μ) / sqrt(σ² + ε))`` in ``dtype``, for observations ``[..., *shape]`` (``[runs, ..., *shape]``
+        with ``runs``)."""
+        batch_dims = self._check_runs(obs)
+        mean = self._per_run(self.mean.to(obs.device), batch_dims)
+        std = self._per_run(torch.sqrt(self.var.to(obs.device) + self.eps), batch_dims)
         return ((obs.to(torch.float64) - mean) / std).clamp(-self.clip, self.clip).to(dtype)
 
     def accumulate(self, obs: torch.Tensor, mask: torch.Tensor) -> None:
         """Add the raw observations ``[..., *shape]`` of the steps where ``mask [...]`` is nonzero
         to this round's moments (nothing changes what :meth:`normalize` returns until :meth:`commit`)."""
+        self._check_runs(obs)
         w = (mask > 0).to(torch.float64).to(self.mean.device)
         x = obs.to(torch.float64).to(self.mean.device)
         w_full = w.reshape(*w.shape, *([1] * len(self.shape)))
-        self._pending[0] = self._pending[0] + w.sum()
-        self._pending[1] = self._pending[1] + (w_full * x).reshape(-1, *self.shape).sum(0)
-        self._pending[2] = self._pending[2] + (w_full * x * x).reshape(-1, *self.shape).sum(0)
+        lead = () if self.runs is None else (self.runs,)
+        self._pending[0] = self._pending[0] + w.reshape(*lead, -1).sum(-1)
+        self._pending[1] = self._pending[1] + (w_full * x).reshape(*lead, -1, *self.shape).sum(len(lead))
+        self._pending[2] = self._pending[2] + (w_full * x * x).reshape(*lead, -1, *self.shape).sum(len(lead))
 
     def commit(self) -> None:
-        """The server's step: merge this round's pooled moments into the running ones (Chan et al.)."""
+        """The server's step: merge this round's pooled moments into the running ones (Chan et al.);
+        with ``runs``, each run's into its own (a run that sampled nothing keeps its moments)."""
         n, total, squares = self._pending
-        if float(n) > 0:
-            batch_mean = total / n
-            batch_var = (squares / n - batch_mean * batch_mean).clamp(min=0.0)
+        if bool((n > 0).any()):
+            n_full = n.reshape(*n.shape, *([1] * len(self.shape)))
+            safe = n_full.clamp(min=1.0)
+            batch_mean = total / safe
+            batch_var = (squares / safe - batch_mean * batch_mean).clamp(min=0.0)
             delta = batch_mean - self.mean
-            count = self.count + n
-            self.mean = self.mean + delta * n / count
-            m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / count
-            self.var = m2 / count
-            self.count = count
-        self._pending = [torch.zeros_like(n), torch.zeros_like(total), torch.zeros_like(squares)]
+            old = self.count.reshape(n_full.shape)
+            count = old + n_full
+            mean = self.mean + delta * n_full / count
+            var = (self.var * old + batch_var * n_full + delta * delta * old * n_full / count) / count
+            sampled = n_full > 0
+            self.mean = torch.where(sampled, mean, self.mean)
+            self.var = torch.where(sampled, var, self.var)
+            self.count = self.count + n
+        self._pending = self._empty_sums()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The running moments (the round's pending sums are not part of a saved model)."""

@@ -43,6 +43,7 @@ from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams,
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import BASELINES, ScoreFunctionGradient, check_discounting
+from fedrl_algos.core.normalization import ObservationNormalizer
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.fedavg_pg import fedavg_pg_round
@@ -150,6 +151,10 @@ class MethodConfig:
         ``normalize_returns``, the authors' code; not an unbiased estimate of ∇J); MFPO only
     :param mfpo_critic_time_aware: with ``mfpo_baseline="critic"``, the critic also takes the step's
         fraction of the horizon (``MFPO``'s ``critic_time_aware``); MFPO only
+    :param normalize_observations: every method's policy (and critic) reads ``Box`` observations
+        normalized with SB3 ``VecNormalize``'s rule, the moments pooled over a run's agents once per
+        round (the classes' ``normalize_observations``; :mod:`fedrl_algos.core.normalization`), one
+        set of moments per seed (not the paper's)
     """
 
     local_steps: int = 10
@@ -181,9 +186,12 @@ class MethodConfig:
     mfpo_baseline: str | None = "loo"
     mfpo_normalize_returns: bool = False
     mfpo_critic_time_aware: bool = False
+    normalize_observations: bool = False
 
     def __post_init__(self) -> None:
         check_discounting("gpomdp", self.discounting)
+        if not isinstance(self.normalize_observations, bool):
+            raise TypeError(f"normalize_observations must be a bool, got {self.normalize_observations!r}")
         if not isinstance(self.mfpo_critic_time_aware, bool):
             raise TypeError(f"mfpo_critic_time_aware must be a bool, got {self.mfpo_critic_time_aware!r}")
         if self.mfpo_critic_time_aware and self.mfpo_baseline != "critic":
@@ -232,6 +240,7 @@ class Population:
         self.seeds = torch.as_tensor(list(seeds), dtype=torch.int64)
         self.n_agents = n_agents
         self.cfg = cfg
+        self.normalizer: ObservationNormalizer | None = None
         if env in GENERIC_ENVS:
             self._init_generic(env, n_agents, cfg, device)
             return
@@ -244,7 +253,8 @@ class Population:
         actions = self.family.action_space(one)
         self.observation_space = self.family.observation_space(one)
         self.policy = _mlp_policy(self.observation_space, actions, cfg).to(device)
-        self.federation = Federation(self.family, self.params, self.policy, self.seeds, cfg.gamma)
+        self.normalizer = self._make_normalizer(device)
+        self.federation = Federation(self.family, self.params, self.policy, self.seeds, cfg.gamma, normalizer=self.normalizer)
         self.federation.sampler.stop_when_done = True
         self.federation.eval_sampler.stop_when_done = True
 
@@ -269,12 +279,29 @@ class Population:
         else:
             self.policy = _mlp_policy(space, actions, cfg).to(device)
         eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
-        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, cfg.gamma, cfg.horizon, eval_env, stop_when_done=True)
+        self.normalizer = self._make_normalizer(device)
+        self.federation = Federation.from_env(self.env_obj, self.policy, seeds, cfg.gamma, cfg.horizon, eval_env, self.normalizer,
+                                              stop_when_done=True)
+
+    def _make_normalizer(self, device: str) -> ObservationNormalizer | None:
+        """``cfg.normalize_observations``: the observation moments, one set per seed (each run's agents pool theirs)."""
+        if not self.cfg.normalize_observations:
+            return None
+        if not isinstance(self.observation_space, spaces.Box):
+            raise ValueError(f"normalize_observations needs Box observations, {self.env} has {self.observation_space}")
+        return ObservationNormalizer(self.observation_space.shape, device=device, runs=self.n_runs)
+
+    def end_round(self) -> None:
+        """The server's end of a round: the observation moments sampled in it are pooled (they normalize the next round's)."""
+        if self.normalizer is not None:
+            self.normalizer.commit()
 
     def server_sampler(self, inner_batch_size: int) -> Any:
         """FedPG-BR's server sampler: the family's kernels, or ``b`` environments of the server's own per run."""
         if self.family is not None:
-            return make_server_sampler(self.family, self.federation.agent_params, self.policy, self.seeds, inner_batch_size)
+            sampler = make_server_sampler(self.family, self.federation.agent_params, self.policy, self.seeds, inner_batch_size)
+            sampler.normalizer = self.normalizer  # the server reads its trajectories with the agents' pooled moments
+            return sampler
         from fedrl_algos.core.federation import run_env_stream_ids
         from fedrl_algos.fedpg_br.update import server_task_indices
         from fedrl_wrappers import FederatedVecEnv
@@ -283,7 +310,9 @@ class Population:
         tasks = [self.agent_kwargs[k] for k in server_task_indices(self.n_agents, inner_batch_size)]
         server_env = FederatedVecEnv(GENERIC_ENVS[self.env], 1, agent_kwargs=tasks * len(seeds), autoreset=False, seed=0,
                                      stream_ids=run_env_stream_ids(seeds, inner_batch_size, 1 << 43), device=self.policy.theta.device)
-        return make_env_server_sampler(server_env, self.policy, seeds, inner_batch_size, horizon=self.cfg.horizon)
+        sampler = make_env_server_sampler(server_env, self.policy, seeds, inner_batch_size, horizon=self.cfg.horizon)
+        sampler.normalizer = self.normalizer
+        return sampler
 
     @property
     def n_runs(self) -> int:
@@ -320,7 +349,8 @@ class _Curve:
         self.points.append({"round": self.rounds, "step": self.steps.clone(), "trajectories": self.trajectories.clone(), "return": ret.double().cpu()})
 
     def advance(self, env_steps: torch.Tensor, trajectories: Any) -> bool:
-        """Count one round; ``True`` while training should go on."""
+        """Count one round (its observation moments are pooled); ``True`` while training should go on."""
+        self.pop.end_round()
         self.rounds += 1
         self.steps += env_steps.double().cpu()
         self.trajectories += torch.as_tensor(trajectories, dtype=torch.float64).cpu()
@@ -755,6 +785,9 @@ class MFPOConfig:
     critic_time_aware: bool = False
     """with ``baseline="critic"``: the critic also takes the step's fraction of the horizon
     (:attr:`MethodConfig.mfpo_critic_time_aware`); MFPO only"""
+    normalize_observations: bool = False
+    """every method reads observations normalized with SB3 ``VecNormalize``'s rule, moments per seed
+    (:attr:`MethodConfig.normalize_observations`; not the paper's)"""
 
     def __post_init__(self) -> None:
         _check_env(self.env)
@@ -767,6 +800,8 @@ class MFPOConfig:
             raise TypeError(f"critic_time_aware must be a bool, got {self.critic_time_aware!r}")
         if self.critic_time_aware and self.baseline != "critic":
             raise ValueError(f"critic_time_aware=True needs baseline='critic', got baseline={self.baseline!r}")
+        if not isinstance(self.normalize_observations, bool):
+            raise TypeError(f"normalize_observations must be a bool, got {self.normalize_observations!r}")
 
     def mfpo_methods(self, methods: MethodConfig) -> MethodConfig:
         """MFPO's settings from the methods' ``methods``: its step rule (:func:`adam_methods` with
@@ -801,7 +836,8 @@ class MFPOConfig:
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
         4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps``,
-        ``sb3_baselines`` and MFPO's ``mfpo_optimizer``, ``baseline``, ``normalize_returns`` and ``critic_time_aware`` are kept."""
+        ``sb3_baselines``, ``normalize_observations`` and MFPO's ``mfpo_optimizer``, ``baseline``, ``normalize_returns`` and
+        ``critic_time_aware`` are kept."""
         generic = dict(net_arch=(16,), activation="relu", squash="tanh", horizon=15, n_envs=2) if self.env in GENERIC_ENVS else {}
         return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4, **generic), budget=0.0, sweep_budget=0.0,
                        rounds=2, sweep_rounds=1, sb3_budget=60, sweep_max_local_steps=2)
@@ -838,6 +874,8 @@ class MFPOComparison(Experiment[MFPOConfig]):
 
     def run(self, config: MFPOConfig, seeds: int, device: str, progress: bool) -> ExperimentOutput:
         cfg, env = paper_methods(config.env, config.methods), config.env
+        if config.normalize_observations:  # after the row's paper settings, which apply to the default methods only
+            cfg = replace(cfg, normalize_observations=True)
         # MFPO's own settings: the paper's, or with Adam steps its row's (the other methods keep cfg)
         mfpo_cfg = config.mfpo_methods(cfg)
         sb3_budget, budget, sweep_budget = config.resolved_sb3_budget, config.resolved_budget, config.resolved_sweep_budget
