@@ -370,6 +370,11 @@ class _Rounds(BaseCallback):
         return True
 
 
+#: the round timeout of the faulty-clients test: long enough for the honest clients to reply on a
+#: loaded 2-core machine (4 s timed them out there), short enough to keep the test fast
+SLOW_CLIENT_TIMEOUT = 10.0
+
+
 def _fault_mod(plan):
     """A Flower client mod: in round r, agent a does plan[(r, a)] instead of replying honestly."""
 
@@ -379,8 +384,8 @@ def _fault_mod(plan):
         fault = plan.get((int(msg.content["config"]["server-round"]), int(context.node_config["partition-id"])))
         if fault == "raise":
             raise RuntimeError("injected client failure")
-        if fault == "sleep":
-            time.sleep(6.0)
+        if fault == "sleep":  # past the round's timeout (SLOW_CLIENT_TIMEOUT) by a margin
+            time.sleep(SLOW_CLIENT_TIMEOUT + 4.0)
         reply = call_next(msg, context)
         if fault in ("nan", "shape"):
             arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
@@ -398,7 +403,7 @@ def test_simulation_survives_faulty_clients():
     plan = {(1, 1): "raise", (1, 2): "nan", (1, 3): "shape", (1, 4): "sleep"}
     plan.update({(2, a): "raise" for a in range(1, 8)})
     rounds = _Rounds()
-    trained = simulate(make(), num_rounds=2, round_timeout=4.0, min_train_nodes=2, callback=rounds, client_mods=[_fault_mod(plan)])
+    trained = simulate(make(), num_rounds=2, round_timeout=SLOW_CLIENT_TIMEOUT, min_train_nodes=2, callback=rounds, client_mods=[_fault_mod(plan)])
     (rejected_1, skipped_1, theta_1), (rejected_2, skipped_2, theta_2) = rounds.seen
     assert (rejected_1, skipped_1) == (4, 0)
     assert skipped_2 == 1
