@@ -339,15 +339,19 @@ def test_normalization_statistics_survive_save_and_load(tmp_path):
         FedAvgPG("TabularPolicy", GRID_ID, normalize_observations=True, device="cpu")
 
 
-def test_set_env_keeps_the_normalization_statistics_the_policy_learned_with():
+def test_set_env_and_load_with_env_keep_the_normalization_statistics_the_policy_learned_with(tmp_path):
     model = MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, step_size=0.05, local_steps=2, n_trajectories=4, gamma=0.9,
                  normalize_observations=True, seed=0, device="cpu").learn(total_rounds=2)
     learned = model.obs_normalizer.state_dict()
     assert float(learned["count"]) > 1  # moments of two rounds, not the initial ones
+    model.save(tmp_path / "m.zip")
     model.set_env(MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, seed=1, device="cpu").get_env())
-    for key, value in learned.items():
-        assert torch.equal(model.obs_normalizer.state_dict()[key], value)
-    assert model._obs_normalizer_state is None  # only a save holds the moments there
+    loaded = MFPO.load(tmp_path / "m.zip", env=MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, seed=1, device="cpu").get_env(),
+                       device="cpu")
+    for rebound in (model, loaded):
+        for key, value in learned.items():
+            assert torch.equal(rebound.obs_normalizer.state_dict()[key], value)
+        assert rebound._obs_normalizer_state is None  # only a save holds the moments there
 
 
 def test_runs_batched_in_one_env_equal_each_run_alone():
