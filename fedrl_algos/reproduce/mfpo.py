@@ -300,8 +300,13 @@ class Population:
         """FedPG-BR's server sampler: the family's kernels, or ``b`` environments of the server's own per run."""
         if self.family is not None:
             sampler = make_server_sampler(self.family, self.federation.agent_params, self.policy, self.seeds, inner_batch_size)
-            sampler.normalizer = self.normalizer  # the server reads its trajectories with the agents' pooled moments
-            return sampler
+        else:
+            sampler = self._generic_server_sampler(inner_batch_size)
+        sampler.normalizer = self.normalizer  # the server reads its trajectories with the agents' pooled moments
+        return sampler
+
+    def _generic_server_sampler(self, inner_batch_size: int) -> Any:
+        """The server's own ``b`` Gymnasium environments per run (FedPG-BR on a MuJoCo/Atari row)."""
         from fedrl_algos.core.federation import run_env_stream_ids
         from fedrl_algos.fedpg_br.update import server_task_indices
         from fedrl_wrappers import FederatedVecEnv
@@ -310,9 +315,7 @@ class Population:
         tasks = [self.agent_kwargs[k] for k in server_task_indices(self.n_agents, inner_batch_size)]
         server_env = FederatedVecEnv(GENERIC_ENVS[self.env], 1, agent_kwargs=tasks * len(seeds), autoreset=False, seed=0,
                                      stream_ids=run_env_stream_ids(seeds, inner_batch_size, 1 << 43), device=self.policy.theta.device)
-        sampler = make_env_server_sampler(server_env, self.policy, seeds, inner_batch_size, horizon=self.cfg.horizon)
-        sampler.normalizer = self.normalizer
-        return sampler
+        return make_env_server_sampler(server_env, self.policy, seeds, inner_batch_size, horizon=self.cfg.horizon)
 
     @property
     def n_runs(self) -> int:
