@@ -59,8 +59,10 @@ def _models():
                                                     adaptation_baseline="linear", outer_baseline="linear"),
         # a Gymnasium id (not a fedrl family): each agent's environments are rebuilt on its client
         # and their random state travels with the messages
+        # (horizon 8: every episode runs its 9 steps, so a client's batch has the in-process length;
+        # trimmed batches of other lengths: test_halves_on_trimmed_batches_equal_the_in_process_round_to_rounding)
         "mfpo_gymnasium": lambda: MFPO("MlpPolicy", "CartPole-v1", n_agents=3, seed=1, device="cpu", local_steps=2,
-                                       n_trajectories=3, initial_trajectories=4, horizon=40, eval_trajectories=0),
+                                       n_trajectories=3, initial_trajectories=4, horizon=8, eval_trajectories=0),
     }
 
 
@@ -101,6 +103,28 @@ def _workers(model):
         worker.state = {}
         workers[agent] = worker
     return workers
+
+
+def test_halves_on_trimmed_batches_equal_the_in_process_round_to_rounding():
+    """Episodes that end early: a client trims its agent's batch to that agent's longest episode, the
+    in-process round to the federation's longest, so the same steps are summed beside different
+    lengths of masked padding: equal up to floating-point rounding, not bitwise."""
+    def make():
+        return MFPO("MlpPolicy", "CartPole-v1", n_agents=3, seed=1, device="cpu", local_steps=2, n_trajectories=3,
+                    initial_trajectories=4, horizon=40, eval_trajectories=0)
+
+    reference, server = make(), make()
+    workers = _workers(server)
+    reference.learn(total_rounds=3)
+    for _ in range(3):
+        server._round_rejected, server._round_skipped = 0, 0
+        _round_by_halves(server, workers)
+        server.rounds_done += 1
+    # the first batch: the agents' longest episodes differ, so a client's is shorter than the in-process one
+    fresh = make()
+    longest = fresh.federation.sampler(fresh.policy.theta.detach().expand(1, 3, -1).clone(), 4).mask.sum(-1).amax(-1)
+    assert len(set(longest.flatten().tolist())) > 1
+    torch.testing.assert_close(server.theta, reference.theta, rtol=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("name", list(_models()))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fedrl_algos import MFPO, FedAvgPG, FedPGBR, IndependentPG, PerFedAvgPG
+from fedrl_algos.common.env_util import envs_per_agent
 from fedrl_algos.core import KernelSampler, autograd_score_gradient, policy_gradient, reward_to_go_weights
 from fedrl_algos.core.env_sampling import EnvSampler
 from fedrl_algos.core.exact import TabularEvaluator
@@ -124,11 +125,52 @@ def test_same_seed_same_training_through_an_id_and_through_an_env():
     by_id = FedAvgPG("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, local_steps=2, n_trajectories=6, seed=4, device="cpu").learn(total_rounds=2)
     again = FedAvgPG("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, local_steps=2, n_trajectories=6, seed=4, device="cpu").learn(total_rounds=2)
     assert torch.equal(by_id.theta, again.theta)
-    env = FederatedVecEnv(ENV_ID, 16, agent_kwargs=TARGETS, autoreset=False, seed=4)
+    # an id builds as many environments per agent as a local step samples episodes (6)
+    assert by_id.get_env().n_envs == 6
+    env = FederatedVecEnv(ENV_ID, 6, agent_kwargs=TARGETS, autoreset=False, seed=4)
     by_env = FedAvgPG("MlpPolicy", env, local_steps=2, n_trajectories=6, seed=4, device="cpu").learn(total_rounds=2)
     assert torch.equal(by_id.theta, by_env.theta)
     identical = FedAvgPG("MlpPolicy", ENV_ID, n_agents=2, seed=4, device="cpu")
     assert identical.agent_kwargs == [{}, {}]
+
+
+@pytest.mark.parametrize(
+    "batch, expected", [(None, 16), (1, 1), (4, 4), (16, 16), (17, 9), (20, 10), (32, 16), (33, 11), (100, 15)]
+)
+def test_envs_per_agent_makes_the_fewest_passes_and_steps_no_environment_for_nothing(batch, expected):
+    n_envs = envs_per_agent(batch)
+    assert n_envs == expected
+    if batch is not None:
+        passes = -(-batch // n_envs)
+        assert passes == -(-batch // 16) and passes * n_envs - batch < passes  # under one env idle per pass
+
+
+def test_envs_per_agent_refuses_a_batch_that_is_not_a_positive_int():
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="batch"):
+            envs_per_agent(bad)
+    with pytest.raises(TypeError, match="batch"):
+        envs_per_agent(2.5)
+
+
+@pytest.mark.parametrize("make, batch", [
+    (lambda: MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, n_trajectories=4, eval_trajectories=6, device="cpu"), 4),
+    (lambda: FedAvgPG("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, n_trajectories=20, eval_trajectories=6, device="cpu"), 10),
+    (lambda: IndependentPG("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, n_trajectories=3, eval_trajectories=6, device="cpu"), 3),
+    (lambda: FedPGBR("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, batch_range=(4, 7), eval_trajectories=6, device="cpu"), 7),
+    (lambda: PerFedAvgPG("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, m_in=5, m_out=5, eval_trajectories=6, device="cpu"), 5),
+])
+def test_a_gymnasium_id_gets_as_many_environments_per_agent_as_a_step_samples(make, batch):
+    """A generic env steps every environment on each pass; the one an id builds holds the model's
+    batch (at most 16), and the evaluation env its evaluation episodes."""
+    model = make()
+    try:
+        assert model.get_env().n_envs == batch
+        assert model.federation.eval_sampler.env.n_envs == 6
+        before = [venv.num_envs for venv in model.get_env().agent_envs]
+        assert before == [batch] * len(TARGETS)
+    finally:
+        model.get_env().close()
 
 
 def test_continuous_actions_through_the_gaussian_policy():
@@ -345,8 +387,8 @@ def test_set_env_and_load_with_env_keep_the_normalization_statistics_the_policy_
     learned = model.obs_normalizer.state_dict()
     assert float(learned["count"]) > 1  # moments of two rounds, not the initial ones
     model.save(tmp_path / "m.zip")
-    model.set_env(MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, seed=1, device="cpu").get_env())
-    loaded = MFPO.load(tmp_path / "m.zip", env=MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, seed=1, device="cpu").get_env(),
+    model.set_env(MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, n_trajectories=4, seed=1, device="cpu").get_env())
+    loaded = MFPO.load(tmp_path / "m.zip", env=MFPO("MlpPolicy", ENV_ID, agent_kwargs=TARGETS, n_trajectories=4, seed=1, device="cpu").get_env(),
                        device="cpu")
     for rebound in (model, loaded):
         for key, value in learned.items():

@@ -77,3 +77,18 @@ def test_the_mujoco_rows_initial_policy_does_not_saturate_its_actions():
     assert custom.init_std == [0.3, 0.02] and custom.log_std_init == -0.5 and custom.init_gains is None
     wide = MlpPolicy(pop.policy.observation_space, pop.policy.action_space, net_arch=(256, 256), activation="relu", squash="tanh")
     assert float(wide.head(wide.theta.detach(), obs).abs().median()) > 3.0
+
+
+def test_a_rows_env_holds_a_steps_batch_of_episodes_per_agent():
+    """``n_envs=None``: D environments per agent (at most 20) and the evaluation episodes on the
+    evaluation env, so that no pass steps environments whose episodes a call drops; an explicit
+    ``n_envs`` is kept."""
+    pop = Population("hopper", [0], 2, MethodConfig(n_trajectories=4, eval_trajectories=5, horizon=15))
+    assert pop.env_obj.n_envs == 4 and pop.federation.eval_sampler.env.n_envs == 5
+    wide = Population("hopper", [0], 2, MethodConfig(n_trajectories=50, eval_trajectories=30, horizon=15))
+    assert wide.env_obj.n_envs == 17 and wide.federation.eval_sampler.env.n_envs == 15  # 3 and 2 passes
+    fixed = Population("hopper", [0], 2, MethodConfig(n_trajectories=4, eval_trajectories=5, horizon=15, n_envs=20))
+    assert fixed.env_obj.n_envs == 20 and fixed.federation.eval_sampler.env.n_envs == 5
+    for p in (pop, wide, fixed):
+        p.env_obj.close()
+        p.federation.eval_sampler.env.close()

@@ -142,14 +142,10 @@ def agent_kwargs_for(env_id: str, n_agents: int, seed: int = 0) -> list[dict[str
 
 def _sampling_batch(model: Any) -> int:
     """Trajectories per agent the model's agents sample in one call."""
-    batch_range = getattr(model, "batch_range", None)
-    if batch_range is not None:  # FedPG-BR: every agent samples B_max and uses B_t of them
-        return int(batch_range[1])
-    for name in ("n_trajectories", "m_in"):
-        value = getattr(model, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError(f"cannot tell the sampling batch of {type(model).__name__}")
+    batch = getattr(model, "trajectories_per_call", None)
+    if batch is None:
+        raise ValueError(f"cannot tell the sampling batch of {type(model).__name__}")
+    return int(batch)
 
 
 def _bare_rate(model: Any, envs_per_agent: int, min_time: float, seed: int) -> float:

@@ -25,7 +25,7 @@ from stable_baselines3.common.save_util import recursive_setattr
 from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import get_device, get_system_info
 
-from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, resolve_federation_env
+from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, envs_per_agent, resolve_federation_env
 from fedrl_algos.common.evaluation import DEFAULT_EVAL_TRAJECTORIES, PER_AGENT_PREFIX
 from fedrl_algos.common.learn import EnvFreeLearnMixin
 from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
@@ -211,7 +211,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
 
     # --- set-up --------------------------------------------------------------------------------
     def _bind_env(self, env: Any, agent_kwargs: Any = None, n_agents: int | None = None) -> None:
-        agents = resolve_federation_env(env, agent_kwargs, n_agents, seed=self.seed, device=self.device)
+        agents = resolve_federation_env(env, agent_kwargs, n_agents, n_envs=envs_per_agent(self.trajectories_per_call), seed=self.seed,
+                                        device=self.device)
         if "env_id" in self.__dict__ and agents.env_id != self.env_id:
             raise ValueError(f"env must be of the model's environment {self.env_id}, got {agents.env_id}")
         self.family = agents.family
@@ -230,6 +231,14 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.n_envs = self.n_agents
         if self.normalize_observations and not isinstance(self.observation_space, gym_spaces.Box):
             raise ValueError(f"normalize_observations needs Box observations, {self.env_id} has {self.observation_space}")
+
+    @property
+    def trajectories_per_call(self) -> int | None:
+        """Episodes per agent of the model's usual sampling call (its local batch; ``None`` where it
+        has none): the env built for a Gymnasium id gets as many environments per agent
+        (:func:`~fedrl_algos.common.env_util.envs_per_agent`), so that no pass steps environments
+        whose episodes the call then drops."""
+        return None
 
     @property
     def is_generic(self) -> bool:
@@ -271,7 +280,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             if self.fed_env is None:  # loaded from a file: the env is rebuilt from the agents' kwargs
                 self.fed_env = self._generic_env(self.agent_kwargs)
             # Evaluation rollouts on an env of their own, so that they never change the training episodes.
-            eval_env = self._generic_env(self.agent_kwargs, self.fed_env.n_envs, combine_seed(self.seed, 1)) if self.eval_trajectories > 0 else None
+            eval_env = (self._generic_env(self.agent_kwargs, envs_per_agent(self.eval_trajectories), combine_seed(self.seed, 1))
+                        if self.eval_trajectories > 0 else None)
             return Federation.from_env(self.fed_env, self.policy, self.seed, self.gamma, self.horizon, eval_env, normalizer,
                                        stop_when_done=self.stop_rollouts_when_done)
         return Federation(
@@ -565,7 +575,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             key_seed = seed if seed is not None else combine_seed(self.seed, _ADAPT_STREAM + counter)
             streams = RandomStreams(adaptation_keys(key_seed, len(tasks)), self.device)
             if self.is_generic:
-                env = self._generic_env(tasks, min(n_trajectories, DEFAULT_ENVS_PER_AGENT), key_seed)
+                env = self._generic_env(tasks, envs_per_agent(n_trajectories), key_seed)
                 try:
                     sampler = EnvSampler(env, self.policy, streams, self.federation.horizon, env_seed=key_seed,
                                          normalizer=self.obs_normalizer)

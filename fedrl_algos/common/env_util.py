@@ -24,11 +24,29 @@ from fedrl_envs.params import stack_params
 from fedrl_envs.validation import check_int
 from fedrl_wrappers.federated import FederatedVecEnv, resolve_env_id
 
-__all__ = ["FederationEnv", "resolve_federation_env", "n_tasks", "DEFAULT_ENVS_PER_AGENT"]
+__all__ = ["FederationEnv", "resolve_federation_env", "n_tasks", "DEFAULT_ENVS_PER_AGENT", "envs_per_agent"]
 
 #: environments per agent of a generic federated env built from a Gymnasium id (each sampling call
 #: makes ``ceil(m / n_envs)`` passes; pass your own ``FederatedVecEnv`` to choose)
 DEFAULT_ENVS_PER_AGENT = 16
+
+
+def envs_per_agent(batch: int | None, most: int = DEFAULT_ENVS_PER_AGENT) -> int:
+    """Environments per agent for sampling ``batch`` episodes per agent and call.
+
+    A generic env steps all its environments on every pass, so a call that keeps fewer episodes
+    than the env has pays for the rest: the fewest passes ``most`` environments allow, with the
+    episodes spread evenly over them (``ceil(batch / passes)``; 20 episodes: 2 passes of 10, not
+    of 16).
+
+    :param batch: episodes per agent of one sampling call (``None``: ``most``)
+    :param most: the most environments per agent
+    """
+    if batch is None:
+        return most
+    batch = check_int("batch", batch)
+    passes = -(-batch // most)
+    return -(-batch // passes)
 
 
 @dataclass

@@ -254,6 +254,11 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
 
     # --- training ------------------------------------------------------------------------------
     @property
+    def trajectories_per_call(self) -> int:
+        """``n_trajectories``, the batch of every local step."""
+        return self.n_trajectories
+
+    @property
     def trajectories_per_round(self) -> int:
         return self.local_steps * self.n_trajectories
 

@@ -318,6 +318,11 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
 
     # --- training ------------------------------------------------------------------------------
     @property
+    def trajectories_per_call(self) -> int:
+        """Every agent samples ``B_max`` episodes per round."""
+        return self.batch_range[1]
+
+    @property
     def trajectories_per_round(self) -> int:
         """Nominal per-round cost: agents sample ``B_max`` trajectories (and use ``B_t`` of them)."""
         return self.batch_range[1]

@@ -177,6 +177,11 @@ class IndependentPG(AgentCriticMixin, FederatedAlgorithm):
         return state_dicts, [*variables, "agent_theta"]
 
     @property
+    def trajectories_per_call(self) -> int:
+        """``n_trajectories``, the batch of every step."""
+        return self.n_trajectories
+
+    @property
     def trajectories_per_round(self) -> int:
         return self.local_steps * self.n_trajectories
 

@@ -278,6 +278,11 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
                          self.critic_state)
 
     @property
+    def trajectories_per_call(self) -> int:
+        """``n_trajectories``, the batch of every local step (a round's first batch is a multiple of it)."""
+        return self.n_trajectories
+
+    @property
     def trajectories_per_round(self) -> int:
         """``K · D`` (the first round's initial direction costs ``D̃ − D`` more, counted when it runs)."""
         return self.local_steps * self.n_trajectories

@@ -308,6 +308,11 @@ class PerFedAvgPG(AgentCriticMixin, ControlVariateStateMixin, FederatedAlgorithm
         return [*super()._excluded_save_params(), "estimator"]
 
     @property
+    def trajectories_per_call(self) -> int:
+        """``m_in``, the inner batch of every local step."""
+        return self.m_in
+
+    @property
     def trajectories_per_round(self) -> int:
         return self.local_steps * self.estimator.trajectories_per_step
 

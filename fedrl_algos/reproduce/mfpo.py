@@ -39,6 +39,7 @@ from typing import Any, Self
 import torch
 from gymnasium import spaces
 
+from fedrl_algos.common.env_util import envs_per_agent
 from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams, make_attack
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
@@ -76,6 +77,8 @@ ENVS = {"cartpole": "fedrl/CartPole-v0", "pendulum": "fedrl/Pendulum-v0"}
 GENERIC_ENVS = {"halfcheetah": "HalfCheetah-v5", "hopper": "Hopper-v5", "pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
 #: every value of option ``env``
 ALL_ENVS = (*ENVS, *GENERIC_ENVS)
+#: the most environments per agent of a Gymnasium row's federated env (``MethodConfig.n_envs=None``)
+ROW_ENVS = 20
 GAMMA = 0.99
 #: MFPO's baselines in the reproduction (``MethodConfig.mfpo_baseline``; ``MFPO``'s ``baseline``)
 MFPO_BASELINES = (*BASELINES, "critic")
@@ -130,7 +133,9 @@ class MethodConfig:
     :param squash: ``"tanh"``: the MFPO paper's tanh-Gaussian outputs for continuous actions
         (Gymnasium rows; the classic-control families keep today's plain Gaussian)
     :param horizon: episode length cap H (``H + 1`` steps) of the Gymnasium rows (``None``: the env's)
-    :param n_envs: environments per agent of the Gymnasium rows' federated env
+    :param n_envs: environments per agent of the Gymnasium rows' federated env (``None``: as many as
+        ``n_trajectories``, at most 20, so that a step's batch of D episodes steps no environment for
+        nothing; its evaluation env then has ``eval_trajectories``, at most 20)
     :param normalize_advantage: MFPO and FedAvg-PG divide each agent batch's step weights by their
         standard deviation (:func:`~fedrl_algos.core.gpomdp.normalize_step_weights`; not the paper's)
     :param init_std: the MLP policy's initialization scale per weight layer (``MlpPolicy``'s
@@ -175,7 +180,7 @@ class MethodConfig:
     eval_every: int = 1
     squash: str | None = None
     horizon: int | None = None
-    n_envs: int = 20
+    n_envs: int | None = None
     normalize_advantage: bool = False
     init_std: float | tuple[float, ...] = (0.5, 0.1)
     log_std_init: float = 0.0
@@ -271,14 +276,18 @@ class Population:
             return FederatedVecEnv(GENERIC_ENVS[env], n_envs, agent_kwargs=self.agent_kwargs * len(seeds), autoreset=False, seed=0,
                                    stream_ids=run_env_stream_ids(seeds, n_agents, offset), device=device)
 
-        self.env_obj = make(0, cfg.n_envs)
+        if cfg.n_envs is None:
+            n_envs, eval_envs = envs_per_agent(cfg.n_trajectories, ROW_ENVS), envs_per_agent(cfg.eval_trajectories, ROW_ENVS)
+        else:
+            n_envs, eval_envs = cfg.n_envs, min(cfg.n_envs, cfg.eval_trajectories)
+        self.env_obj = make(0, n_envs)
         space, actions = self.env_obj.single_observation_space, self.env_obj.single_action_space
         self.observation_space = space
         if len(space.shape) == 3:  # image frames: SB3's Nature CNN
             self.policy = CnnPolicy(space, actions, squash=cfg.squash if isinstance(actions, spaces.Box) else None).to(device)
         else:
             self.policy = _mlp_policy(space, actions, cfg).to(device)
-        eval_env = make(1 << 41, min(cfg.n_envs, cfg.eval_trajectories))
+        eval_env = make(1 << 41, eval_envs)
         self.normalizer = self._make_normalizer(device)
         self.federation = Federation.from_env(self.env_obj, self.policy, seeds, cfg.gamma, cfg.horizon, eval_env, self.normalizer,
                                               stop_when_done=True)
