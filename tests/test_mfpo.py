@@ -14,6 +14,7 @@ from fedrl_algos.core import KernelSampler
 from fedrl_algos.core.gpomdp import gpomdp_weights, score_gradient
 from fedrl_algos.mfpo import (
     ExponentialStepSize,
+    LinearStepSize,
     MFPOState,
     MFPOUpdate,
     MomentumSchedule,
@@ -55,6 +56,30 @@ def test_schedules_are_the_papers():
     assert math.isclose(nu(5, 1e-3), 1 - 3e-3)  # the paper's experiments: ν = 1 − 3α
     assert math.isclose(MomentumSchedule(c=2.0, power=2)(5, 0.1), 1 - 2 * 0.01)  # Theorem 1's form
     assert nu(5, 1.0) == 0.0  # clipped to [0, 1]
+
+
+def test_linear_step_size_decays_over_its_steps_then_holds():
+    alpha = LinearStepSize(1e-3, 840)
+    assert alpha(1) == 1e-3 and math.isclose(alpha(421), 5e-4) and alpha(841) == 0.0 and alpha(10**6) == 0.0
+    assert all(alpha(t) >= alpha(t + 1) for t in range(1, 900))
+    assert math.isclose(LinearStepSize(1e-3, 10, final=0.1)(100), 1e-4)
+    for bad, name in ((dict(initial=-1.0, steps=5), "initial"), (dict(initial=1e-3, steps=0), "steps"),
+                      (dict(initial=1e-3, steps=2.5), "steps"), (dict(initial=1e-3, steps=5, final=1.5), "final"),
+                      (dict(initial=True, steps=5), "initial")):
+        with pytest.raises(ValueError, match=name):
+            LinearStepSize(**bad)
+
+
+def test_a_linear_step_size_drives_the_steps_and_is_saved_with_the_model(tmp_path):
+    schedule = LinearStepSize(0.5, 3)
+    model = _grid(step_size=schedule).learn(total_rounds=3)  # 6 local steps: the last three are of size 0
+    frozen = model.theta.clone()
+    model.learn(total_rounds=1, reset_num_timesteps=False)
+    torch.testing.assert_close(model.theta, frozen, rtol=0, atol=1e-12)  # α_t = 0 after the decay: nothing moves (but rounding)
+    assert not torch.equal(frozen, _grid().theta)  # ... but the first steps did
+    model.save(tmp_path / "m.zip")
+    loaded = MFPO.load(tmp_path / "m.zip", device="cpu")
+    assert loaded.step_size == schedule
 
 
 def test_momentum_direction_is_eq_3():

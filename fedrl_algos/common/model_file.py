@@ -198,7 +198,8 @@ def _known_params_types() -> dict[str, type]:
 def _schedule_types() -> dict[str, type]:
     from fedrl_algos.core import schedules
 
-    return {cls.__name__: cls for cls in (schedules.ExponentialStepSize, schedules.MomentumSchedule, schedules.ConstantSchedule)}
+    return {cls.__name__: cls for cls in (schedules.ExponentialStepSize, schedules.LinearStepSize, schedules.MomentumSchedule,
+                                                  schedules.ConstantSchedule)}
 
 
 def _attack_types() -> dict[str, type]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ExponentialStepSize", "MomentumSchedule", "ConstantSchedule", "as_step_size", "as_momentum"]
+__all__ = ["ExponentialStepSize", "LinearStepSize", "MomentumSchedule", "ConstantSchedule", "as_step_size", "as_momentum"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,37 @@ class ExponentialStepSize:
         log_alpha = math.log(self.initial) + t * math.log(self.growth)
         alpha = math.exp(log_alpha) if log_alpha < 709.0 else math.inf
         return alpha if self.maximum is None else min(alpha, self.maximum)
+
+
+@dataclass(frozen=True)
+class LinearStepSize:
+    """``α_t = initial · max(1 − (t − 1) / steps, final)`` for local step ``t = 1, 2, …``: from
+    ``initial`` down to ``initial · final`` over ``steps`` local steps, then constant (SB3's linear
+    schedules, counted in local steps; not the MFPO paper's).
+
+    A run of a known length ends on small steps, so its last evaluations measure one policy rather
+    than the swings of full-size steps (MFPO with Adam steps on HalfCheetah,
+    docs/reproduction_mfpo.md).
+
+    :param initial: α_1, ``>= 0``
+    :param steps: local steps of the decay, ``>= 1`` (e.g. a run's local steps)
+    :param final: fraction of ``initial`` kept after them, in ``[0, 1]`` (0: the steps stop)
+    """
+
+    initial: float
+    steps: int
+    final: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.initial, bool) or not isinstance(self.initial, int | float) or not self.initial >= 0:
+            raise ValueError(f"initial must be a number >= 0, got {self.initial!r}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
+        if isinstance(self.final, bool) or not isinstance(self.final, int | float) or not 0.0 <= self.final <= 1.0:
+            raise ValueError(f"final must be a number in [0, 1], got {self.final!r}")
+
+    def __call__(self, t: int) -> float:
+        return self.initial * max(1.0 - (t - 1) / self.steps, self.final)
 
 
 @dataclass(frozen=True)
