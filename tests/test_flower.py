@@ -105,6 +105,18 @@ def _workers(model):
     return workers
 
 
+def _in_process_and_by_halves(make, rounds: int = 3):
+    """The same model trained ``rounds`` rounds in process and by the protocol's halves."""
+    reference, server = make(), make()
+    workers = _workers(server)
+    reference.learn(total_rounds=rounds)
+    for _ in range(rounds):
+        server._round_rejected, server._round_skipped = 0, 0
+        _round_by_halves(server, workers)
+        server.rounds_done += 1
+    return reference, server
+
+
 def test_halves_on_trimmed_batches_equal_the_in_process_round_to_rounding():
     """Episodes that end early: a client trims its agent's batch to that agent's longest episode, the
     in-process round to the federation's longest, so the same steps are summed beside different
@@ -113,13 +125,7 @@ def test_halves_on_trimmed_batches_equal_the_in_process_round_to_rounding():
         return MFPO("MlpPolicy", "CartPole-v1", n_agents=3, seed=1, device="cpu", local_steps=2, n_trajectories=3,
                     initial_trajectories=4, horizon=40, eval_trajectories=0)
 
-    reference, server = make(), make()
-    workers = _workers(server)
-    reference.learn(total_rounds=3)
-    for _ in range(3):
-        server._round_rejected, server._round_skipped = 0, 0
-        _round_by_halves(server, workers)
-        server.rounds_done += 1
+    reference, server = _in_process_and_by_halves(make)
     # the first batch: the agents' longest episodes differ, so a client's is shorter than the in-process one
     fresh = make()
     longest = fresh.federation.sampler(fresh.policy.theta.detach().expand(1, 3, -1).clone(), 4).mask.sum(-1).amax(-1)
@@ -130,13 +136,7 @@ def test_halves_on_trimmed_batches_equal_the_in_process_round_to_rounding():
 @pytest.mark.parametrize("name", list(_models()))
 def test_halves_equal_the_in_process_round(name):
     make = _models()[name]
-    reference, server = make(), make()
-    workers = _workers(server)
-    reference.learn(total_rounds=3)
-    for _ in range(3):
-        server._round_rejected, server._round_skipped = 0, 0
-        _round_by_halves(server, workers)
-        server.rounds_done += 1
+    reference, server = _in_process_and_by_halves(make)
     assert torch.equal(_params(reference), _params(server))
     if name.startswith("mfpo"):
         assert torch.equal(reference.agent_direction, server.agent_direction)
