@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from gymnasium.spaces import Discrete
@@ -233,6 +235,30 @@ def test_train_mfpo_with_the_critic_equals_the_mfpo_class_per_seed():
     alone = [train_mfpo(Population("cartpole", [s], 3, cfg), 0.0, max_rounds=2) for s in (0, 1)]
     for k in range(len(both)):
         torch.testing.assert_close(both[k]["return"], torch.cat([a[k]["return"] for a in alone]), rtol=1e-5, atol=1e-4)
+
+
+def test_train_mfpo_takes_the_gae_lambda_of_its_methods(monkeypatch):
+    """``MethodConfig(mfpo_gae_lambda=λ)`` reaches MFPO's update (its advantages), changes the run, and
+    needs the critic."""
+    from fedrl_algos.mfpo import MFPOUpdate
+    from fedrl_algos.reproduce.mfpo import MethodConfig, Population, train_mfpo
+
+    seen = []
+    original = MFPOUpdate.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("gae_lambda"))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MFPOUpdate, "__init__", spy)
+    cfg = MethodConfig(local_steps=2, n_trajectories=4, initial_trajectories=4, eval_trajectories=2, mfpo_baseline="critic")
+    runs = {lam: train_mfpo(Population("cartpole", [0], 3, replace(cfg, mfpo_gae_lambda=lam)), 0.0, max_rounds=2) for lam in (1.0, 0.5)}
+    assert seen == [1.0, 0.5]
+    assert not torch.equal(runs[1.0][-1]["return"], runs[0.5][-1]["return"])
+    with pytest.raises(ValueError, match="mfpo_gae_lambda"):
+        MethodConfig(mfpo_gae_lambda=1.5, mfpo_baseline="critic")
+    with pytest.raises(ValueError, match="needs mfpo_baseline='critic'"):
+        MethodConfig(mfpo_gae_lambda=0.95)
 
 
 def test_bad_cli_and_config_values_are_refused(capsys):

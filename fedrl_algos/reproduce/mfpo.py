@@ -156,6 +156,8 @@ class MethodConfig:
         ``normalize_returns``, the authors' code; not an unbiased estimate of ∇J); MFPO only
     :param mfpo_critic_time_aware: with ``mfpo_baseline="critic"``, the critic also takes the step's
         fraction of the horizon (``MFPO``'s ``critic_time_aware``); MFPO only
+    :param mfpo_gae_lambda: with ``mfpo_baseline="critic"``, the GAE λ of MFPO's advantages (``MFPO``'s
+        ``gae_lambda``; 1: unbiased, the default); MFPO only
     :param normalize_observations: every method's policy (and critic) reads ``Box`` observations
         normalized with SB3 ``VecNormalize``'s rule, the moments pooled over a run's agents once per
         round (the classes' ``normalize_observations``; :mod:`fedrl_algos.core.normalization`), one
@@ -191,10 +193,15 @@ class MethodConfig:
     mfpo_baseline: str | None = "loo"
     mfpo_normalize_returns: bool = False
     mfpo_critic_time_aware: bool = False
+    mfpo_gae_lambda: float = 1.0
     normalize_observations: bool = False
 
     def __post_init__(self) -> None:
         check_discounting("gpomdp", self.discounting)
+        if isinstance(self.mfpo_gae_lambda, bool) or not (isinstance(self.mfpo_gae_lambda, int | float) and 0 <= self.mfpo_gae_lambda <= 1):
+            raise ValueError(f"mfpo_gae_lambda must be a number in [0, 1], got {self.mfpo_gae_lambda!r}")
+        if self.mfpo_gae_lambda != 1 and self.mfpo_baseline != "critic":
+            raise ValueError(f"mfpo_gae_lambda={self.mfpo_gae_lambda} needs mfpo_baseline='critic', got {self.mfpo_baseline!r}")
         if not isinstance(self.normalize_observations, bool):
             raise TypeError(f"normalize_observations must be a bool, got {self.normalize_observations!r}")
         if not isinstance(self.mfpo_critic_time_aware, bool):
@@ -400,6 +407,7 @@ def train_mfpo(pop: Population, budget: float, max_rounds: int = 10**6, momentum
         cfg.step_size, cfg.momentum if momentum else (lambda t, a: 0.0),
         baseline=cfg.mfpo_baseline, max_importance_weight=cfg.max_importance_weight, normalize_advantage=cfg.normalize_advantage,
         optimizer=cfg.mfpo_optimizer, discounting=cfg.discounting, critic=critic, normalize_returns=cfg.mfpo_normalize_returns,
+        gae_lambda=cfg.mfpo_gae_lambda,
     )
     theta = pop.initial_theta()
     state = MFPOState.initial(theta, pop.n_agents, cfg.mfpo_optimizer)
@@ -741,6 +749,8 @@ def _mfpo_estimator_note(methods: MethodConfig) -> str:
         parts.append("normalize_returns=True (per-episode normalised returns, the authors' code; not an unbiased estimate of ∇J)")
     if methods.mfpo_baseline == "critic" and methods.mfpo_critic_time_aware:
         parts.append("critic_time_aware=True (the critic sees the step's fraction of the horizon)")
+    if methods.mfpo_gae_lambda != 1:
+        parts.append(f"gae_lambda={methods.mfpo_gae_lambda} (GAE advantages, biased below 1)")
     return ", ".join(parts)
 
 
