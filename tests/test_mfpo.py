@@ -63,10 +63,10 @@ def test_linear_step_size_decays_over_its_steps_then_holds():
     assert alpha(1) == 1e-3 and math.isclose(alpha(421), 5e-4) and alpha(841) == 0.0 and alpha(10**6) == 0.0
     assert all(alpha(t) >= alpha(t + 1) for t in range(1, 900))
     assert math.isclose(LinearStepSize(1e-3, 10, final=0.1)(100), 1e-4)
-    for bad, name in ((dict(initial=-1.0, steps=5), "initial"), (dict(initial=1e-3, steps=0), "steps"),
-                      (dict(initial=1e-3, steps=2.5), "steps"), (dict(initial=1e-3, steps=5, final=1.5), "final"),
-                      (dict(initial=True, steps=5), "initial")):
-        with pytest.raises(ValueError, match=name):
+    for bad, name, error in ((dict(initial=-1.0, steps=5), "initial", ValueError), (dict(initial=1e-3, steps=0), "steps", ValueError),
+                             (dict(initial=1e-3, steps=2.5), "steps", TypeError), (dict(initial=1e-3, steps=5, final=1.5), "final", ValueError),
+                             (dict(initial=True, steps=5), "initial", TypeError)):
+        with pytest.raises(error, match=name):
             LinearStepSize(**bad)
 
 

@@ -98,10 +98,15 @@ class CriticState(NamedTuple):
     scale: torch.Tensor
 
 
+def check_gae_lambda(gae_lambda: float, name: str = "gae_lambda") -> None:
+    """``ValueError`` naming ``name`` unless ``gae_lambda`` is a number in [0, 1]."""
+    if isinstance(gae_lambda, bool) or not isinstance(gae_lambda, int | float) or not 0.0 <= gae_lambda <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {gae_lambda!r}")
+
+
 def check_critic_settings(gae_lambda: float, n_critic_epochs: int, critic_learning_rate: float, critic_aggregation: str) -> None:
     """``ValueError`` naming the argument unless every critic setting is valid."""
-    if isinstance(gae_lambda, bool) or not isinstance(gae_lambda, int | float) or not 0.0 <= gae_lambda <= 1.0:
-        raise ValueError(f"gae_lambda must be a number in [0, 1], got {gae_lambda!r}")
+    check_gae_lambda(gae_lambda)
     if isinstance(n_critic_epochs, bool) or not isinstance(n_critic_epochs, int) or n_critic_epochs < 0:
         raise ValueError(f"n_critic_epochs must be an int >= 0, got {n_critic_epochs!r}")
     if isinstance(critic_learning_rate, bool) or not isinstance(critic_learning_rate, int | float) or not critic_learning_rate > 0:

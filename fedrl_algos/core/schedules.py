@@ -10,6 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedrl_algos.core.directions import check_step_size
+from fedrl_envs.validation import check_int
+
 __all__ = ["ExponentialStepSize", "LinearStepSize", "MomentumSchedule", "ConstantSchedule", "as_step_size", "as_momentum"]
 
 
@@ -60,10 +63,8 @@ class LinearStepSize:
     final: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.initial, bool) or not isinstance(self.initial, int | float) or not self.initial >= 0:
-            raise ValueError(f"initial must be a number >= 0, got {self.initial!r}")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
+        check_step_size("initial", self.initial)
+        check_int("steps", self.steps)
         if isinstance(self.final, bool) or not isinstance(self.final, int | float) or not 0.0 <= self.final <= 1.0:
             raise ValueError(f"final must be a number in [0, 1], got {self.final!r}")
 

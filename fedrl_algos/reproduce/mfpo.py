@@ -41,6 +41,7 @@ from gymnasium import spaces
 
 from fedrl_algos.common.env_util import envs_per_agent
 from fedrl_algos.core.attacks import ATTACKS, AttackedEstimator, attack_streams, make_attack
+from fedrl_algos.core.critic import check_gae_lambda
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.federation import Federation
 from fedrl_algos.core.gpomdp import BASELINES, ScoreFunctionGradient, check_discounting
@@ -198,8 +199,7 @@ class MethodConfig:
 
     def __post_init__(self) -> None:
         check_discounting("gpomdp", self.discounting)
-        if isinstance(self.mfpo_gae_lambda, bool) or not (isinstance(self.mfpo_gae_lambda, int | float) and 0 <= self.mfpo_gae_lambda <= 1):
-            raise ValueError(f"mfpo_gae_lambda must be a number in [0, 1], got {self.mfpo_gae_lambda!r}")
+        check_gae_lambda(self.mfpo_gae_lambda, "mfpo_gae_lambda")
         if self.mfpo_gae_lambda != 1 and self.mfpo_baseline != "critic":
             raise ValueError(f"mfpo_gae_lambda={self.mfpo_gae_lambda} needs mfpo_baseline='critic', got {self.mfpo_baseline!r}")
         if not isinstance(self.normalize_observations, bool):
