@@ -261,6 +261,39 @@ def test_train_mfpo_takes_the_gae_lambda_of_its_methods(monkeypatch):
         MethodConfig(mfpo_gae_lambda=0.95)
 
 
+def test_fedrl_reproduce_mfpo_takes_gae_lambda_for_mfpo_only(tmp_path, capsys):
+    """``--gae-lambda`` sets MFPO's λ (FedAvg-PG and FedPG-BR have no critic), is recorded in the run's
+    settings and report, and is refused out of [0, 1], without the critic and by other experiments."""
+    import json
+
+    from fedrl_algos.cli import main
+    from fedrl_algos.reproduce.mfpo import MethodConfig, MFPOConfig
+
+    code = main(["reproduce", "mfpo", "--env", "cartpole", "--quick", "--seeds", "2", "--no-sweeps", "--baseline", "critic",
+                 "--gae-lambda", "0.9", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    settings = json.loads((tmp_path / "mfpo" / "results.json").read_text())["settings"]
+    assert settings["mfpo_methods"]["mfpo_gae_lambda"] == 0.9
+    assert settings["methods"]["mfpo_gae_lambda"] == 1.0
+    assert "gae_lambda=0.9" in (tmp_path / "mfpo" / "report.md").read_text()
+    assert MFPOConfig(baseline="critic", gae_lambda=0.9).mfpo_methods(MethodConfig()).mfpo_gae_lambda == 0.9
+    for bad in ("1.5", "-0.1", "nan", "high"):
+        with pytest.raises(SystemExit):
+            main(["reproduce", "mfpo", "--quick", "--baseline", "critic", "--gae-lambda", bad])
+        assert "--gae-lambda: must be a number in [0, 1]" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="gae_lambda=0.9 needs baseline='critic'"):
+        MFPOConfig(gae_lambda=0.9)
+    with pytest.raises(ValueError, match="gae_lambda must be a number in"):
+        MFPOConfig(baseline="critic", gae_lambda=2)
+    assert main(["reproduce", "byzantine", "--quick", "--gae-lambda", "0.9", "--no-progress"]) == 2
+    assert "--gae-lambda" in capsys.readouterr().err
+    # flags that clash are refused with the config's reason, not a traceback
+    assert main(["reproduce", "mfpo", "--quick", "--gae-lambda", "0.9", "--no-progress"]) == 2
+    assert "fedrl reproduce: gae_lambda=0.9 needs baseline='critic'" in capsys.readouterr().err
+    assert main(["reproduce", "mfpo", "--quick", "--critic-time-aware", "--no-progress"]) == 2
+    assert "critic_time_aware=True needs baseline='critic'" in capsys.readouterr().err
+
+
 def test_bad_cli_and_config_values_are_refused(capsys):
     from fedrl_algos.cli import main
     from fedrl_algos.reproduce.mfpo import MethodConfig, MFPOConfig

@@ -13,6 +13,7 @@ from typing import Any
 
 from fedrl_algos.cli.args import positive_float, positive_int
 from fedrl_algos.core.attacks import ATTACKS
+from fedrl_algos.core.critic import check_gae_lambda
 from fedrl_algos.core.curvature import CURVATURES, check_curvature_clip
 from fedrl_algos.reproduce import EXPERIMENTS, run_experiment
 from fedrl_algos.reproduce.common import config_settings, format_duration, quick_run_label
@@ -77,6 +78,7 @@ def _flag_fields(args: argparse.Namespace) -> dict[str, tuple[str, Any]]:
             "--baseline": ("baseline", getattr(args, "baseline", None)),
             "--normalize-returns": ("normalize_returns", True if getattr(args, "normalize_returns", False) else None),
             "--critic-time-aware": ("critic_time_aware", True if getattr(args, "critic_time_aware", False) else None),
+            "--gae-lambda": ("gae_lambda", getattr(args, "gae_lambda", None)),
             "--normalize-observations": ("normalize_observations", True if getattr(args, "normalize_observations", False) else None)}
 
 
@@ -98,6 +100,16 @@ def _estimator_list(text: str) -> tuple[str, ...]:
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"estimator must be comma-separated names of {list(CURVATURES)}, got {text!r}")
     return names
+
+
+def _gae_lambda(text: str) -> float:
+    """``--gae-lambda``: a number in [0, 1] (:func:`~fedrl_algos.core.critic.check_gae_lambda`)."""
+    try:
+        value = float(text)
+        check_gae_lambda(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    return value
 
 
 def _curvature_clip(text: str) -> float:
@@ -142,7 +154,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 return 2
     changes = dict(chosen.values())
     # The flags change the paper's config; --quick then shrinks it (run_experiment applies quick()).
-    configs = {name: EXPERIMENTS[name].config(**changes) for name in names}
+    try:
+        configs = {name: EXPERIMENTS[name].config(**changes) for name in names}
+    except (TypeError, ValueError) as error:  # flags that clash, e.g. --gae-lambda without --baseline critic
+        print(f"fedrl reproduce: {error}", file=sys.stderr)
+        return 2
     seeds = args.seeds if args.seeds is not None else (QUICK_SEEDS if args.quick else DEFAULT_SEEDS)
     out = Path(args.out)
     progress = not args.no_progress
@@ -204,14 +220,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "with the row's measured settings (adam; not the paper's: docs/algorithms/mfpo.md)")
     parser.add_argument("--baseline", choices=["loo", "linear", "critic"], default=None,
                         help="mfpo: MFPO's baseline in the comparison and the sweeps: loo (leave-one-out, default), linear (garage's "
-                        "linear feature baseline, cross-fitted) or critic (a learned value function per agent, GAE with λ = 1, kept "
-                        "local); only MFPO's rows: FedAvg-PG and FedPG-BR keep the leave-one-out baseline")
+                        "linear feature baseline, cross-fitted) or critic (a learned value function per agent, GAE with λ = 1 or "
+                        "--gae-lambda, kept local); only MFPO's rows: FedAvg-PG and FedPG-BR keep the leave-one-out baseline")
     parser.add_argument("--normalize-returns", action="store_true",
                         help="mfpo: MFPO standardises every episode's returns-to-go before its baseline (the MFPO authors' code; "
                         "not an unbiased estimate of the gradient); only MFPO's rows")
     parser.add_argument("--critic-time-aware", action="store_true",
                         help="mfpo: with --baseline critic, the critic also takes the step's fraction of the horizon (the value to go "
                         "on a fixed horizon depends on the time left); only MFPO's rows")
+    parser.add_argument("--gae-lambda", type=_gae_lambda, default=None, metavar="LAMBDA",
+                        help="mfpo: with --baseline critic, the GAE λ of MFPO's advantages (default 1: the critic as a baseline of "
+                        "the returns to go, unbiased; below 1 biased and less noisy, SB3's default 0.95); only MFPO's rows")
     parser.add_argument("--normalize-observations", action="store_true",
                         help="mfpo: every method reads observations normalized with SB3 VecNormalize's rule, the moments pooled over "
                         "each seed's agents once per round (not the paper's; the MuJoCo rows learn faster with it)")

@@ -807,6 +807,9 @@ class MFPOConfig:
     critic_time_aware: bool = False
     """with ``baseline="critic"``: the critic also takes the step's fraction of the horizon
     (:attr:`MethodConfig.mfpo_critic_time_aware`); MFPO only"""
+    gae_lambda: float = 1.0
+    """with ``baseline="critic"``: the GAE λ of MFPO's advantages (:attr:`MethodConfig.mfpo_gae_lambda`;
+    1, the default, is the critic as a baseline of the returns to go); MFPO only"""
     normalize_observations: bool = False
     """every method reads observations normalized with SB3 ``VecNormalize``'s rule, moments per seed
     (:attr:`MethodConfig.normalize_observations`; not the paper's)"""
@@ -822,19 +825,22 @@ class MFPOConfig:
             raise TypeError(f"critic_time_aware must be a bool, got {self.critic_time_aware!r}")
         if self.critic_time_aware and self.baseline != "critic":
             raise ValueError(f"critic_time_aware=True needs baseline='critic', got baseline={self.baseline!r}")
+        check_gae_lambda(self.gae_lambda, "gae_lambda")
+        if self.gae_lambda != 1 and self.baseline != "critic":
+            raise ValueError(f"gae_lambda={self.gae_lambda} needs baseline='critic', got baseline={self.baseline!r}")
         if not isinstance(self.normalize_observations, bool):
             raise TypeError(f"normalize_observations must be a bool, got {self.normalize_observations!r}")
 
     def mfpo_methods(self, methods: MethodConfig) -> MethodConfig:
         """MFPO's settings from the methods' ``methods``: its step rule (:func:`adam_methods` with
-        ``mfpo_optimizer="adam"``), its baseline, its return normalisation and its critic's time input."""
+        ``mfpo_optimizer="adam"``), its baseline, its return normalisation, its critic's time input and GAE λ."""
         if self.mfpo_optimizer == "adam":
             methods = adam_methods(self.env, methods)
-        if (self.baseline, self.normalize_returns, self.critic_time_aware) == (
-                methods.mfpo_baseline, methods.mfpo_normalize_returns, methods.mfpo_critic_time_aware):
+        if (self.baseline, self.normalize_returns, self.critic_time_aware, self.gae_lambda) == (
+                methods.mfpo_baseline, methods.mfpo_normalize_returns, methods.mfpo_critic_time_aware, methods.mfpo_gae_lambda):
             return methods
         return replace(methods, mfpo_baseline=self.baseline, mfpo_normalize_returns=self.normalize_returns,
-                       mfpo_critic_time_aware=self.critic_time_aware)
+                       mfpo_critic_time_aware=self.critic_time_aware, mfpo_gae_lambda=self.gae_lambda)
 
     @property
     def resolved_budget(self) -> float:
@@ -858,8 +864,8 @@ class MFPOConfig:
     def quick(self) -> Self:
         """This config as a seconds-long smoke version: 2 rounds (sweep runs: 1) of K ≤ 2 local steps with
         4 trajectories, Fed-DQN / Fed-SAC for 60 steps; ``env``, ``comparison``, ``sweeps``,
-        ``sb3_baselines``, ``normalize_observations`` and MFPO's ``mfpo_optimizer``, ``baseline``, ``normalize_returns`` and
-        ``critic_time_aware`` are kept."""
+        ``sb3_baselines``, ``normalize_observations`` and MFPO's ``mfpo_optimizer``, ``baseline``, ``normalize_returns``,
+        ``critic_time_aware`` and ``gae_lambda`` are kept."""
         generic = dict(net_arch=(16,), activation="relu", squash="tanh", horizon=15, n_envs=2) if self.env in GENERIC_ENVS else {}
         return replace(self, methods=_quick_methods(local_steps=2, initial_trajectories=4, **generic), budget=0.0, sweep_budget=0.0,
                        rounds=2, sweep_rounds=1, sb3_budget=60, sweep_max_local_steps=2)
