@@ -13,6 +13,14 @@ import torch
 MAX_ENVS = 2**24
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` as a ``bool``; ``TypeError`` naming ``name`` for anything else (``0``/``1``, strings and
+    ``None`` included: a flag is never guessed from a truthy value). NumPy's ``bool_`` is accepted."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
     """``value`` as an ``int`` in ``[low, high]``; ``TypeError``/``ValueError`` naming ``name`` otherwise.
 

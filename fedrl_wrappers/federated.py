@@ -38,7 +38,15 @@ from fedrl_envs.family import alive_mask
 from fedrl_envs.params import repeat_params
 from fedrl_envs.rng import seed_from_entropy
 from fedrl_envs.threads import with_fitted_threads
-from fedrl_envs.validation import MAX_ENVS, _reset_mask, check_array_type, check_device, check_int, check_seed
+from fedrl_envs.validation import (
+    MAX_ENVS,
+    _reset_mask,
+    check_array_type,
+    check_bool,
+    check_device,
+    check_int,
+    check_seed,
+)
 from fedrl_envs.vector import fitted_to_envs
 from fedrl_wrappers.snapshot import EpisodeRecorder, generator_from_state, tensor_data, tensor_from_data
 
@@ -445,9 +453,7 @@ class FederatedVecEnv(VectorEnv, ABC):
         limit = self.max_episode_steps
         if not self.autoreset and limit is not None and n_steps > limit:
             raise ValueError(f"n_steps must be <= horizon + 1 = {limit} in the fixed-horizon mode, got {n_steps}")
-        if not isinstance(stop_when_done, bool):
-            raise TypeError(f"stop_when_done must be a bool, got {stop_when_done!r}")
-        stop_when_done = stop_when_done and not self.autoreset
+        stop_when_done = check_bool("stop_when_done", stop_when_done) and not self.autoreset
         if (resolve_capture(capture, self.device) and self.backend == "native" and self.autoreset
                 and self.array_type == "torch"):
             captured = self._captured_rollout(policy_fn, n_steps, seed)

@@ -94,3 +94,23 @@ def test_the_flower_command_reports_bad_input_without_a_traceback(tmp_path, caps
         main(["flower", "simulate", "--algo", "mfpo", "--env", "Foo-v0", "--rounds", "1"])
     with pytest.raises(SystemExit, match="fedrl flower simulate: error: .*no model file"):
         main(["flower", "simulate", "--model", str(tmp_path / "missing.zip"), "--rounds", "1"])
+
+
+@pytest.mark.parametrize("cls", ["MFPO", "FedPGBR"])
+@pytest.mark.parametrize(("bad", "error"), [(True, TypeError), ("2", TypeError), (0.5, ValueError), (float("nan"), ValueError)])
+def test_max_importance_weight_is_a_number_at_least_one(cls, bad, error):
+    """One check for both importance-weighted federations (FedPG-BR let ``True`` through as a cap of 1)."""
+    import fedrl_algos
+
+    algo = getattr(fedrl_algos, cls)
+    with pytest.raises(error, match="max_importance_weight must be a number >= 1 or None"):
+        algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", max_importance_weight=bad)
+    assert algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", max_importance_weight=3).max_importance_weight == 3.0
+
+
+@pytest.mark.parametrize("flag", ["normalize_advantage", "normalize_observations", "normalize_returns"])
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_flags_take_bools_only(flag, bad):
+    with pytest.raises(TypeError, match=f"{flag} must be a bool, got {bad!r}"):
+        MFPO("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: bad})
+    assert getattr(MFPO("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: np.bool_(True)}), flag) is True

@@ -27,6 +27,7 @@ from fedrl_algos.core.critic import (
 from fedrl_algos.core.gpomdp import check_estimator_and_baseline
 from fedrl_algos.core.optim import AdamState
 from fedrl_algos.policies.critics import critic_for_space
+from fedrl_envs.validation import check_bool
 
 __all__ = ["AgentCriticMixin", "CRITIC_FIELDS", "CRITIC_SETTINGS", "critic_fields"]
 
@@ -128,8 +129,7 @@ class AgentCriticMixin:
     ) -> None:
         """Keep the critic's settings on the model; ``checked`` (the model uses the critic): check
         each first (``ValueError`` naming the argument)."""
-        if not isinstance(critic_time_aware, bool):
-            raise TypeError(f"critic_time_aware must be a bool, got {critic_time_aware!r}")
+        critic_time_aware = check_bool("critic_time_aware", critic_time_aware)
         if critic_time_aware and not checked:
             raise ValueError(f"critic_time_aware=True gives the critic a time input, which needs {self.critic_baseline_arguments}, "
                              f"got {self._baseline_description()}")

@@ -43,7 +43,7 @@ from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.params import index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 from fedrl_envs.threads import fitted_threads
-from fedrl_envs.validation import check_device, check_int
+from fedrl_envs.validation import check_bool, check_device, check_int
 from fedrl_envs.vector import FamilyVectorEnv
 from fedrl_wrappers import FederatedVecEnv
 
@@ -185,9 +185,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         self.horizon = None if horizon is None else check_int("horizon", horizon, 0)
         self.agent_kwargs = None
         self.fed_env = None  # not saved: a loaded model rebuilds a Gymnasium env from agent_kwargs
-        if not isinstance(normalize_observations, bool):
-            raise TypeError(f"normalize_observations must be a bool, got {type(normalize_observations).__name__}")
-        self.normalize_observations = normalize_observations
+        self.normalize_observations = check_bool("normalize_observations", normalize_observations)
         self._obs_normalizer_state: dict[str, torch.Tensor] | None = None
         if env is None:
             if _init_setup_model:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedrl_algos.core.control_variates import ControlVariates
 from fedrl_algos.core.optim import AdamState
+from fedrl_envs.validation import check_bool
 
 __all__ = ["ServerAdamStateMixin", "ControlVariateStateMixin", "check_control_variates"]
 
@@ -105,6 +105,4 @@ class ControlVariateStateMixin:
 
 def check_control_variates(value: Any) -> bool:
     """``control_variates`` as a ``bool`` (``TypeError`` naming it otherwise)."""
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"control_variates must be a bool, got {type(value).__name__}")
-    return bool(value)
+    return check_bool("control_variates", value)

@@ -51,7 +51,9 @@ autograd call for the whole batch; nothing loops over agents or trajectories.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import numpy as np
 import torch
 
 from fedrl_algos.core.baselines import linear_baseline
@@ -63,6 +65,7 @@ from fedrl_algos.core.estimators import (
     relative_rewards_to_go,
 )
 from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
+from fedrl_envs.validation import check_bool
 
 __all__ = [
     "BASELINES",
@@ -240,12 +243,24 @@ def normalized_return_rewards(rewards: torch.Tensor, mask: torch.Tensor, gamma: 
     return (normalized - gamma * following) * alive
 
 
+def check_max_importance_weight(value: Any) -> float | None:
+    """The truncation of importance weights: ``None`` (untruncated) or a real number ≥ 1 (a cap below
+    1 would clip the weight of the very policy that sampled the batch). ``TypeError`` for a non-number
+    (a bool included), ``ValueError`` for a number below 1 or NaN; the value comes back as a ``float``."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"max_importance_weight must be a number >= 1 or None, got {value!r}")
+    if not value >= 1:
+        raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {value!r}")
+    return float(value)
+
+
 def check_normalize_returns(normalize_returns: bool, estimator: str = "gpomdp") -> bool:
     """``normalize_returns`` if it is a bool that fits ``estimator``: ``TypeError`` for a non-bool,
     ``ValueError`` with REINFORCE (its weight is the return from step 0 at every step, which per-episode
     standardisation makes 0)."""
-    if not isinstance(normalize_returns, bool):
-        raise TypeError(f"normalize_returns must be a bool, got {normalize_returns!r}")
+    normalize_returns = check_bool("normalize_returns", normalize_returns)
     if normalize_returns and estimator != "gpomdp":
         raise ValueError(f"normalize_returns=True needs estimator='gpomdp' (REINFORCE weights every step of an episode by "
                          f"the same return, which per-episode standardisation makes 0), got estimator={estimator!r}")
@@ -437,8 +452,7 @@ class ScoreFunctionGradient(GradientEstimator):
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"m must be an int >= 1, got {m!r}")
         check_estimator_and_baseline(estimator, baseline)
-        if not isinstance(normalize_advantage, bool):
-            raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
+        normalize_advantage = check_bool("normalize_advantage", normalize_advantage)
         self.m, self.estimator, self.baseline = m, estimator, baseline
         self.discounting = check_discounting(estimator, discounting)
         self.normalize_advantage = normalize_advantage

@@ -21,7 +21,7 @@ from fedrl_algos.common.server_state import ServerAdamStateMixin
 from fedrl_algos.core.attacks import Attack, attack_streams, make_attack
 from fedrl_algos.core.critic import average_critics
 from fedrl_algos.core.directions import check_step_size
-from fedrl_algos.core.gpomdp import check_discounting, check_normalize_returns
+from fedrl_algos.core.gpomdp import check_discounting, check_max_importance_weight, check_normalize_returns
 from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
@@ -203,9 +203,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
-        if max_importance_weight is not None and not (isinstance(max_importance_weight, int | float) and max_importance_weight >= 1):
-            raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
-        self.max_importance_weight = max_importance_weight
+        self.max_importance_weight = check_max_importance_weight(max_importance_weight)
         self.use_filter = bool(use_filter)
         self.server_task = server_task
         self.attack = make_attack(attack)

@@ -18,7 +18,13 @@ from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates
 from fedrl_algos.core.attacks import Attack, make_attack
 from fedrl_algos.core.critic import CriticGradient, FlatCritic
 from fedrl_algos.core.env_sampling import EnvSampler
-from fedrl_algos.core.gpomdp import ScoreFunctionGradient, check_normalize_returns, paired_gradients, score_gradient
+from fedrl_algos.core.gpomdp import (
+    ScoreFunctionGradient,
+    check_max_importance_weight,
+    check_normalize_returns,
+    paired_gradients,
+    score_gradient,
+)
 from fedrl_algos.core.optim import AdamState, adam_ascent, check_server_optimizer
 from fedrl_algos.core.sampling import KernelSampler, Sampler
 from fedrl_algos.core.trajectories import Trajectories
@@ -305,7 +311,7 @@ class FedPGBRUpdate:
         self.max_byzantine_fraction = max_byzantine_fraction
         self.estimator = ScoreFunctionGradient(policy, gamma, self.b_max, estimator, baseline, discounting=discounting,
                                                normalize_returns=normalize_returns)
-        self.max_importance_weight = max_importance_weight
+        self.max_importance_weight = check_max_importance_weight(max_importance_weight)
         self.use_filter = use_filter
         self.attack = make_attack(attack)
         self.optimizer = check_server_optimizer("optimizer", optimizer)

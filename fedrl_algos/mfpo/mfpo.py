@@ -16,13 +16,13 @@ from fedrl_algos.common.agent_critic import AgentCriticMixin
 from fedrl_algos.common.base_class import FederatedAlgorithm
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
-from fedrl_algos.core.gpomdp import check_discounting, check_normalize_returns
+from fedrl_algos.core.gpomdp import check_discounting, check_max_importance_weight, check_normalize_returns
 from fedrl_algos.core.optim import AdamState, check_server_optimizer
 from fedrl_algos.core.schedules import ExponentialStepSize, MomentumSchedule, as_momentum, as_step_size
 from fedrl_algos.mfpo.protocol import MFPOProtocol
 from fedrl_algos.mfpo.update import MFPOState, MFPOUpdate
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_bool, check_int
 
 __all__ = ["MFPO"]
 
@@ -180,15 +180,9 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
                                   critic_activation, critic_aggregation, critic_time_aware)
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
-        if max_importance_weight is not None and not (
-            isinstance(max_importance_weight, int | float) and not isinstance(max_importance_weight, bool) and max_importance_weight >= 1.0
-        ):
-            raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {max_importance_weight!r}")
-        self.max_importance_weight = None if max_importance_weight is None else float(max_importance_weight)
+        self.max_importance_weight = check_max_importance_weight(max_importance_weight)
         self.self_normalize_weights = bool(self_normalize_weights)
-        if not isinstance(normalize_advantage, bool):
-            raise TypeError(f"normalize_advantage must be a bool, got {normalize_advantage!r}")
-        self.normalize_advantage = normalize_advantage
+        self.normalize_advantage = check_bool("normalize_advantage", normalize_advantage)
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.local_step = 0
         self.env_steps_per_agent = 0.0

@@ -24,6 +24,7 @@ from fedrl_algos.core.critic import (
 )
 from fedrl_algos.core.gpomdp import (
     ScoreFunctionGradient,
+    check_max_importance_weight,
     check_normalize_returns,
     paired_gradients,
     score_gradient,
@@ -234,7 +235,7 @@ class MFPOUpdate:
                                            normalize_returns)
         self.step_size = step_size
         self.momentum = momentum
-        self.max_importance_weight = max_importance_weight
+        self.max_importance_weight = check_max_importance_weight(max_importance_weight)
         self.self_normalize = self_normalize
 
     def local_step(

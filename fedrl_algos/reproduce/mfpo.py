@@ -57,6 +57,7 @@ from fedrl_algos.policies.critics import critic_for_space
 from fedrl_algos.reproduce.common import Experiment, ExperimentOutput, TableRow, WallTimeEstimate, mean_std
 from fedrl_algos.reproduce.plots.mfpo import byzantine_figures, mfpo_figures
 from fedrl_envs import stack_params
+from fedrl_envs.validation import check_bool
 
 __all__ = [
     "ENVS",
@@ -202,16 +203,13 @@ class MethodConfig:
         check_gae_lambda(self.mfpo_gae_lambda, "mfpo_gae_lambda")
         if self.mfpo_gae_lambda != 1 and self.mfpo_baseline != "critic":
             raise ValueError(f"mfpo_gae_lambda={self.mfpo_gae_lambda} needs mfpo_baseline='critic', got {self.mfpo_baseline!r}")
-        if not isinstance(self.normalize_observations, bool):
-            raise TypeError(f"normalize_observations must be a bool, got {self.normalize_observations!r}")
-        if not isinstance(self.mfpo_critic_time_aware, bool):
-            raise TypeError(f"mfpo_critic_time_aware must be a bool, got {self.mfpo_critic_time_aware!r}")
+        check_bool("normalize_observations", self.normalize_observations)
+        check_bool("mfpo_critic_time_aware", self.mfpo_critic_time_aware)
         if self.mfpo_critic_time_aware and self.mfpo_baseline != "critic":
             raise ValueError(f"mfpo_critic_time_aware=True needs mfpo_baseline='critic', got {self.mfpo_baseline!r}")
         if self.mfpo_baseline not in MFPO_BASELINES:
             raise ValueError(f"mfpo_baseline must be one of {MFPO_BASELINES}, got {self.mfpo_baseline!r}")
-        if not isinstance(self.mfpo_normalize_returns, bool):
-            raise TypeError(f"mfpo_normalize_returns must be a bool, got {self.mfpo_normalize_returns!r}")
+        check_bool("mfpo_normalize_returns", self.mfpo_normalize_returns)
         if isinstance(self.gamma, bool) or not (isinstance(self.gamma, int | float) and 0 < self.gamma <= 1):
             raise ValueError(f"gamma must be a number in (0, 1], got {self.gamma!r}")
         check_server_optimizer("server_optimizer", self.server_optimizer)
@@ -819,17 +817,14 @@ class MFPOConfig:
         check_server_optimizer("mfpo_optimizer", self.mfpo_optimizer)
         if self.baseline not in MFPO_BASELINES:
             raise ValueError(f"baseline must be one of {MFPO_BASELINES}, got {self.baseline!r}")
-        if not isinstance(self.normalize_returns, bool):
-            raise TypeError(f"normalize_returns must be a bool, got {self.normalize_returns!r}")
-        if not isinstance(self.critic_time_aware, bool):
-            raise TypeError(f"critic_time_aware must be a bool, got {self.critic_time_aware!r}")
+        check_bool("normalize_returns", self.normalize_returns)
+        check_bool("critic_time_aware", self.critic_time_aware)
         if self.critic_time_aware and self.baseline != "critic":
             raise ValueError(f"critic_time_aware=True needs baseline='critic', got baseline={self.baseline!r}")
         check_gae_lambda(self.gae_lambda, "gae_lambda")
         if self.gae_lambda != 1 and self.baseline != "critic":
             raise ValueError(f"gae_lambda={self.gae_lambda} needs baseline='critic', got baseline={self.baseline!r}")
-        if not isinstance(self.normalize_observations, bool):
-            raise TypeError(f"normalize_observations must be a bool, got {self.normalize_observations!r}")
+        check_bool("normalize_observations", self.normalize_observations)
 
     def mfpo_methods(self, methods: MethodConfig) -> MethodConfig:
         """MFPO's settings from the methods' ``methods``: its step rule (:func:`adam_methods` with
