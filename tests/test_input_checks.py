@@ -108,9 +108,15 @@ def test_max_importance_weight_is_a_number_at_least_one(cls, bad, error):
     assert algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", max_importance_weight=3).max_importance_weight == 3.0
 
 
-@pytest.mark.parametrize("flag", ["normalize_advantage", "normalize_observations", "normalize_returns"])
+@pytest.mark.parametrize(("cls", "flag"), [("MFPO", "normalize_advantage"), ("MFPO", "normalize_observations"),
+                                         ("MFPO", "normalize_returns"), ("MFPO", "self_normalize_weights"),
+                                         ("FedPGBR", "use_filter"), ("FedPGBR", "normalize_returns")])
 @pytest.mark.parametrize("bad", [1, "yes", None])
-def test_flags_take_bools_only(flag, bad):
+def test_flags_take_bools_only(cls, flag, bad):
+    """A flag is never read from a truthy value (``use_filter="no"`` used to switch FedPG-BR's filter on)."""
+    import fedrl_algos
+
+    algo = getattr(fedrl_algos, cls)
     with pytest.raises(TypeError, match=f"{flag} must be a bool, got {bad!r}"):
-        MFPO("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: bad})
-    assert getattr(MFPO("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: np.bool_(True)}), flag) is True
+        algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: bad})
+    assert getattr(algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: np.bool_(True)}), flag) is True

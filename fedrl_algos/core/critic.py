@@ -57,6 +57,7 @@ from fedrl_algos.core.gpomdp import (
 )
 from fedrl_algos.core.optim import AdamState, adam_ascent
 from fedrl_algos.core.trajectories import Trajectories
+from fedrl_envs.validation import check_bool
 
 __all__ = [
     "CRITIC_AGGREGATIONS",
@@ -453,7 +454,7 @@ class CriticBaseline:
         self.normalize_returns = check_normalize_returns(normalize_returns)
         self.gamma, self.critic, self.state = float(gamma), critic, state
         self.gae_lambda, self.n_epochs, self.lr = float(gae_lambda), int(n_epochs), float(lr)
-        self.normalize_advantage, self.discounting = bool(normalize_advantage), discounting
+        self.normalize_advantage, self.discounting = check_bool("normalize_advantage", normalize_advantage), discounting
 
     def _state_for(self, batch: torch.Size) -> CriticState:
         if self.state is None:

@@ -26,7 +26,7 @@ from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_bool, check_int
 
 __all__ = ["FedPGBR"]
 
@@ -204,7 +204,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         self.discounting = check_discounting(estimator, discounting)
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.max_importance_weight = check_max_importance_weight(max_importance_weight)
-        self.use_filter = bool(use_filter)
+        self.use_filter = check_bool("use_filter", use_filter)
         self.server_task = server_task
         self.attack = make_attack(attack)
         self.byzantine_agents = [int(k) for k in byzantine_agents]

@@ -181,7 +181,7 @@ class MFPO(AgentCriticMixin, FederatedAlgorithm):
         self.estimator_name = estimator
         self.discounting = check_discounting(estimator, discounting)
         self.max_importance_weight = check_max_importance_weight(max_importance_weight)
-        self.self_normalize_weights = bool(self_normalize_weights)
+        self.self_normalize_weights = check_bool("self_normalize_weights", self_normalize_weights)
         self.normalize_advantage = check_bool("normalize_advantage", normalize_advantage)
         self.normalize_returns = check_normalize_returns(normalize_returns, estimator)
         self.local_step = 0

@@ -39,6 +39,7 @@ from gymnasium import spaces
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_envs.rng import RandomStreams, derive_keys
+from fedrl_envs.validation import check_bool
 
 __all__ = ["CONV_BATCHINGS", "CnnPolicy", "NATURE_CONVS", "orthogonal_matrix"]
 
@@ -131,7 +132,7 @@ class CnnPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         self._linears = [(self.n_flatten, self.features_dim), (self.features_dim, out_dim)]
         super().__init__(observation_space, action_space, dtype)
         # After SB3's BaseModel.__init__, which sets its own default (True).
-        self.normalize_images = bool(normalize_images)
+        self.normalize_images = check_bool("normalize_images", normalize_images)
 
     @property
     def n_params(self) -> int:
