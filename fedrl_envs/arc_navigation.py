@@ -145,10 +145,21 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
         if goal is None:
             agent = 0 if agent is None else check_int("agent", agent, 0, len(train) - 1)
             goal = _goal_at(train[agent])
+        pair = goal.tolist() if isinstance(goal, torch.Tensor | np.ndarray) else goal
         try:
-            gx, gy = (float(v) for v in goal)
-        except (TypeError, ValueError):
-            raise TypeError(f"goal must be a pair (gx, gy) of floats, got {goal!r}") from None
+            coords = list(pair)
+        except TypeError:
+            coords = []
+        if isinstance(pair, str | bytes) or len(coords) != 2 or any(
+            isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating) for v in coords
+        ):
+            raise TypeError(f"goal must be a pair (gx, gy) of real numbers (not str or bool), got {goal!r}")
+        try:
+            gx, gy = (float(v) for v in coords)
+        except OverflowError:  # an int beyond float's range
+            gx = gy = math.inf
+        if not (math.isfinite(gx) and math.isfinite(gy)):
+            raise ValueError(f"goal must lie in the box [-1, 1]² (finite coordinates), got ({gx}, {gy})")
         if not (-1.0 <= gx <= 1.0 and -1.0 <= gy <= 1.0):
             raise ValueError(f"goal must lie in the box [-1, 1]², got ({gx}, {gy})")
         return ArcNavigationParams(

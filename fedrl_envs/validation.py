@@ -154,3 +154,50 @@ def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Ten
     if not template.is_floating_point() and (state_t.is_floating_point() or state_t.dtype == torch.bool):
         raise TypeError(f"{name} must hold integers (dtype {template.dtype}), got dtype {state_t.dtype}")
     return state_t.to(device=template.device, dtype=template.dtype).clone()
+
+
+def check_real(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+    finite: bool = True,
+) -> float:
+    """``value`` as a ``float``: a real number, optionally bounded; ``TypeError``/``ValueError`` naming ``name`` otherwise.
+
+    Python and NumPy ints and floats are accepted (``np.float32(0.5)``, ``np.int64(2)``); bools
+    (Python's and NumPy's), strings, ``None``, tensors and complex numbers are a ``TypeError``
+    (a number is never parsed from a string or taken from a flag). NaN is always a ``ValueError``;
+    so are infinities when ``finite`` (the default) and values outside the bounds.
+
+    :param name: the argument's name, for the error message
+    :param value: the argument to check
+    :param low: lower bound (``None``: none)
+    :param high: upper bound (``None``: none)
+    :param low_inclusive: whether ``value == low`` is allowed (``>=``) or not (``>``)
+    :param high_inclusive: whether ``value == high`` is allowed (``<=``) or not (``<``)
+    :param finite: whether ``±inf`` is rejected
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float's range
+        number = float(np.inf) if value > 0 else float(-np.inf)
+    above = low is None or (number >= low if low_inclusive else number > low)
+    below = high is None or (number <= high if high_inclusive else number < high)
+    if np.isnan(number) or (finite and np.isinf(number)) or not (above and below):
+        if low is not None and high is not None:
+            bound = f" in {'[' if low_inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"
+        elif low is not None:
+            bound = f" {'>=' if low_inclusive else '>'} {low}"
+        elif high is not None:
+            bound = f" {'<=' if high_inclusive else '<'} {high}"
+        else:
+            bound = ""
+        kind = "a finite number" if finite else "a number (not NaN)"
+        raise ValueError(f"{name} must be {kind}{bound}, got {value!r}")
+    return number

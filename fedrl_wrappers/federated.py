@@ -399,6 +399,7 @@ class FederatedVecEnv(VectorEnv, ABC):
             positions = list(range(self.n_agents))
         else:
             positions = [check_int("agent", agent, 0, self.n_agents - 1)]
+        monitor = check_bool("monitor", monitor)
         view: VecEnv = SB3VecEnv(self.subset(positions, autoreset=True))
         if monitor:
             from stable_baselines3.common.vec_env import VecMonitor

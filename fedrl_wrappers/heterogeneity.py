@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_bool, check_int, check_real
 
 __all__ = [
     "BodyMassScale",
@@ -198,6 +198,8 @@ class AtariPreprocess:
         # Stored as plain ints (a NumPy integer is accepted) so the factory stays JSON-able.
         for name, low in (("frame_stack", 1), ("noop_max", 0), ("frame_skip", 1), ("screen_size", 1)):
             object.__setattr__(self, name, check_int(name, getattr(self, name), low))
+        for name in ("terminal_on_life_loss", "grayscale_obs", "scale_obs"):
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
 
     def __call__(self, env: gym.Env) -> gym.Env:
         frameskip = getattr(env.unwrapped, "_frameskip", 1)
@@ -230,6 +232,13 @@ def _per_agent(name: str, value: Any, n: int | None) -> tuple[list[Any], int | N
             raise ValueError(f"{name} must have one value per agent ({n}), got {len(values)}")
         return values, len(values)
     return [value], n
+
+
+def _each(name: str, value: Any, check: Any) -> Any:
+    """``check(name, value)`` of a scalar, or a list of ``check(f"{name}[k]", v)`` of a per-agent sequence."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [check(f"{name}[{k}]", v) for k, v in enumerate(value)]
+    return check(name, value)
 
 
 def _broadcast(columns: Mapping[str, Any], n_agents: int | None) -> list[dict[str, Any]]:
@@ -280,20 +289,29 @@ def atari_agent_kwargs(
     one value for every agent or a list with one per agent. Every dict also holds
     ``frameskip=1`` and ``wrappers=[preprocess]`` (default :class:`AtariPreprocess()`), plus
     ``env_kwargs``. Importing ``ale_py`` (done here) registers the ``ALE/...`` ids.
+
+    ``mode`` and ``difficulty`` are ints ``>= 0`` or ``None``, ``repeat_action_probability`` a
+    real number in ``[0, 1]`` (Python or NumPy); anything else is a ``TypeError``/``ValueError``
+    naming the argument, raised before ``ale_py`` is imported.
     """
-    try:
-        import ale_py  # noqa: F401  (registers the ALE/... ids)
-    except ImportError as err:  # pragma: no cover - depends on the installed extras
-        raise ImportError("Atari environments need the extra: pip install 'fedrl[atari]'") from err
     if n_agents is not None:
         n_agents = check_int("n_agents", n_agents, 1)
     if preprocess is None:
         preprocess = AtariPreprocess()
     elif not callable(preprocess):
         raise TypeError(f"preprocess must be an AtariPreprocess (or another env -> env callable), got {preprocess!r}")
+    mode = _each("mode", mode, lambda name, v: None if v is None else check_int(name, v, 0))
+    difficulty = _each("difficulty", difficulty, lambda name, v: None if v is None else check_int(name, v, 0))
+    repeat_action_probability = _each(
+        "repeat_action_probability", repeat_action_probability, lambda name, v: check_real(name, v, 0, 1)
+    )
     rows = _broadcast(
         {"mode": mode, "difficulty": difficulty, "repeat_action_probability": repeat_action_probability}, n_agents
     )
+    try:
+        import ale_py  # noqa: F401  (registers the ALE/... ids)
+    except ImportError as err:  # pragma: no cover - depends on the installed extras
+        raise ImportError("Atari environments need the extra: pip install 'fedrl[atari]'") from err
     out = []
     for row in rows:
         kw = {key: value for key, value in row.items() if value is not None}

@@ -120,3 +120,96 @@ def test_flags_take_bools_only(cls, flag, bad):
     with pytest.raises(TypeError, match=f"{flag} must be a bool, got {bad!r}"):
         algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: bad})
     assert getattr(algo("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **{flag: np.bool_(True)}), flag) is True
+
+
+def _cartpole(cls_name="FedAvgPG", **kwargs):
+    import fedrl_algos
+
+    return getattr(fedrl_algos, cls_name)("MlpPolicy", "fedrl/CartPole-v0", seed=0, device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0.9, "3", True])
+def test_init_seed_is_an_int(bad):
+    """A float seed of the initialization used to be truncated (0.9 -> 0) and a string parsed."""
+    from fedrl_algos.policies import MlpPolicy
+
+    env = gym.make("fedrl/CartPole-v0")
+    with pytest.raises(TypeError, match="init_seed must be an int"):
+        MlpPolicy(env.observation_space, env.action_space, init_seed=bad)
+    with pytest.raises(ValueError, match=r"policy_kwargs .* do not fit MlpPolicy: init_seed must be an int"):
+        _cartpole(policy_kwargs=dict(init_seed=bad))
+    assert _cartpole(policy_kwargs=dict(init_seed=np.int64(3))).policy.init_seed == 3
+
+
+@pytest.mark.parametrize("cls_name", ["FedAvgPG", "FedPGBR"])
+@pytest.mark.parametrize(("bad", "match"), [(5, "byzantine_agents must be a list of agent indices"),
+                                            ("1", "byzantine_agents must be a list of agent indices"),
+                                            ([1.7], r"byzantine_agents\[\] must be an int"),
+                                            ([True], r"byzantine_agents\[\] must be an int")])
+def test_byzantine_agents_are_agent_indices(cls_name, bad, match):
+    """FedPG-BR used to turn [1.7], [True] and ['1'] into agent 1."""
+    with pytest.raises(TypeError, match=match):
+        _cartpole(cls_name, attack="sign_flip", byzantine_agents=bad)
+    model = _cartpole(cls_name, attack="sign_flip", byzantine_agents=np.array([1, 3]))
+    assert model.byzantine_agents == [1, 3]
+
+
+def test_adapt_seed_is_checked():
+    """adapt(seed=1.7) used to equal seed=1, and a string failed inside torch."""
+    model = PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu")
+    for bad in (1.7, "3", True):
+        with pytest.raises(TypeError, match="seed must be an int"):
+            model.adapt(0, n_trajectories=2, seed=bad)
+    assert model.adapt(0, n_trajectories=2, seed=np.int64(1)) is not None
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(policy_kwargs=[1]), TypeError, "policy_kwargs must be a dict"),
+    (dict(policy_kwargs="abc"), TypeError, "policy_kwargs must be a dict"),
+    (dict(tensorboard_log=5), TypeError, "tensorboard_log must be a directory path"),
+    (dict(verbose=1.5), TypeError, "verbose must be an int"),
+    (dict(verbose=-1), ValueError, "verbose"),
+    (dict(policy_kwargs=dict(dtype=torch.int64)), ValueError, "do not fit MlpPolicy: dtype must be a floating torch dtype"),
+    (dict(policy_kwargs=dict(dtype="float64")), ValueError, "do not fit MlpPolicy: dtype must be a floating torch dtype"),
+])
+def test_constructor_arguments_are_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _cartpole(**kwargs)
+
+
+def test_learn_and_predict_flags_are_bools():
+    """progress_bar="no" used to show the bar, deterministic="no" to act deterministically."""
+    model = _cartpole()
+    theta = model.theta.clone()
+    for kwargs in (dict(progress_bar="no"), dict(reset_num_timesteps="no")):
+        with pytest.raises(TypeError, match=f"{next(iter(kwargs))} must be a bool"):
+            model.learn(total_rounds=1, **kwargs)
+    assert torch.equal(model.theta, theta) and model.rounds_done == 0
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        model.predict(np.zeros(4, dtype=np.float32), deterministic="no")
+    with pytest.raises(TypeError, match="monitor must be a bool"):
+        FederatedVecEnv("fedrl/CartPole-v0", 2, seed=0).to_sb3(0, monitor="no")
+
+
+def test_fedavg_sb3_algorithm_kwargs_is_a_dict():
+    from stable_baselines3 import PPO
+
+    from fedrl_algos import FedAvgSB3
+
+    with pytest.raises(TypeError, match="algorithm_kwargs must be a dict"):
+        FedAvgSB3(PPO, "fedrl/CartPole-v0", n_agents=2, algorithm_kwargs="abc", seed=0, device="cpu")
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(sigma=float("inf")), ValueError, "sigma must be a finite number > 0"),  # used to switch the filter off
+    (dict(sigma="2"), ValueError, "sigma must be a finite number > 0, 'auto' or 'auto_bound'"),
+    (dict(sigma=True), TypeError, "sigma must be a real number"),
+    (dict(max_byzantine_fraction=False), TypeError, "max_byzantine_fraction must be a real number"),
+    (dict(delta="0.5"), TypeError, "delta must be a real number"),
+    (dict(delta=float("nan")), ValueError, r"delta must be a finite number in \(0, 1\)"),
+])
+def test_fedpg_br_filter_settings(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _cartpole("FedPGBR", **kwargs)
+    model = _cartpole("FedPGBR", sigma=np.float32(2.0), delta=np.float32(0.5), max_byzantine_fraction=np.float64(0.2))
+    assert (model.sigma, model.delta, model.max_byzantine_fraction) == (2.0, 0.5, pytest.approx(0.2))

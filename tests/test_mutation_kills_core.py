@@ -83,7 +83,8 @@ def test_exponential_step_size_defaults_are_the_papers_with_the_cap():
 
 def test_exponential_step_size_zero_initial_and_overflow():
     assert ExponentialStepSize(0.0)(5) == 0.0  # log(0) is never taken
-    assert ExponentialStepSize(-1.0, maximum=None)(3) == 0.0
+    with pytest.raises(ValueError, match="initial"):  # a negative α_0 is refused, not silently 0
+        ExponentialStepSize(-1.0, maximum=None)
     # log α_t = 709 exactly (log e = 1): the overflow guard is strict, so this is inf, not exp(709)
     assert math.log(math.e) == 1.0
     assert ExponentialStepSize(1.0, math.e, None)(709) == math.inf
@@ -1007,7 +1008,7 @@ def test_attack_streams_are_the_agents_keys_salted_and_mixed():
 def test_attacked_estimator_acts_reports_and_draws_as_its_attack():
     policy = TabularPolicy(gym.spaces.Discrete(3), gym.spaces.Discrete(2), dtype=torch.float64)
     inner = PolicyGradient(policy, 0.8, 2)
-    attacked = atk.AttackedEstimator(inner, "random_noise", [1, 0, 1])
+    attacked = atk.AttackedEstimator(inner, "random_noise", [True, False, True])
     assert attacked.policy is policy and attacked.gamma == 0.8 and attacked.byzantine.dtype == torch.bool
     assert attacked.name == "pg+random_noise" and attacked.trajectories_per_step == 2
 

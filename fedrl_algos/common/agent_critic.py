@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedrl_algos.common.learn import check_optional_dict
 from fedrl_algos.core.critic import (
     CRITIC_AGGREGATIONS,
     CriticBaseline,
@@ -72,6 +73,7 @@ class AgentCriticMixin:
         """SB3's ``policy_kwargs=dict(net_arch=dict(pi=[...], vf=[...]))``: ``pi`` is the policy's
         ``net_arch``, ``vf`` the critic's hidden layers (``critic_net_arch``; ``baseline="critic"``
         only). The policy keeps a plain list, so the saved ``policy_kwargs`` are the policy's own."""
+        check_optional_dict("policy_kwargs", policy_kwargs)
         if not policy_kwargs or not isinstance(policy_kwargs.get("net_arch"), dict):
             return policy_kwargs
         arch = policy_kwargs["net_arch"]

@@ -27,7 +27,7 @@ from stable_baselines3.common.utils import get_device, get_system_info
 
 from fedrl_algos.common.env_util import DEFAULT_ENVS_PER_AGENT, envs_per_agent, resolve_federation_env
 from fedrl_algos.common.evaluation import DEFAULT_EVAL_TRAJECTORIES, PER_AGENT_PREFIX
-from fedrl_algos.common.learn import EnvFreeLearnMixin
+from fedrl_algos.common.learn import EnvFreeLearnMixin, check_log_dir, check_optional_dict
 from fedrl_algos.common.model_file import ModelFileError, collect_save_data, read_model_file, write_model_file
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.core.adaptation import check_adaptation_baseline
@@ -43,7 +43,7 @@ from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.params import index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 from fedrl_envs.threads import fitted_threads
-from fedrl_envs.validation import check_bool, check_device, check_int
+from fedrl_envs.validation import check_bool, check_device, check_int, check_seed
 from fedrl_envs.vector import FamilyVectorEnv
 from fedrl_wrappers import FederatedVecEnv
 
@@ -168,6 +168,9 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if seed is not None and not 0 <= int(seed) < 2**63:
             raise ValueError(f"seed must be in [0, 2**63) (every random stream is keyed by it as an int64), got {seed}")
+        check_optional_dict("policy_kwargs", policy_kwargs)
+        check_log_dir("tensorboard_log", tensorboard_log)
+        verbose = check_int("verbose", verbose, 0)
         if env is not None:
             device = check_device(device) if device != "auto" else device
         super().__init__(
@@ -450,6 +453,8 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             total_timesteps = total_rounds * self.timesteps_per_round
         total_timesteps = check_int("total_timesteps", total_timesteps)
         log_interval = check_int("log_interval", log_interval)
+        reset_num_timesteps = check_bool("reset_num_timesteps", reset_num_timesteps)
+        progress_bar = check_bool("progress_bar", progress_bar)
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name or type(self).__name__, progress_bar
         )
@@ -557,6 +562,7 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
         tasks = [self._resolve_tasks(t) for t in (task if many else [task])]
         n_trajectories = check_int("n_trajectories", n_trajectories, 0)
         steps = check_int("steps", steps, 0)
+        seed = check_seed(seed)
         if step_size is None:
             step_size = self.adaptation_step_size
             if step_size is None:
@@ -789,6 +795,15 @@ class FederatedAlgorithm(EnvFreeLearnMixin, BaseAlgorithm):
             model.set_env(env)
             model._load_random_state(state)
         return model
+
+
+def check_agent_indices(name: str, value: Any) -> list[int]:
+    """A collection of agent indices (``[0, 3]``, a ``range``, a 1-D integer array) as a list of
+    ``int`` ≥ 0; ``TypeError`` naming ``name`` for a bare number, a string or non-integer entries
+    (the range against the federation's size is checked once the agents are known)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | np.ndarray | torch.Tensor | set | frozenset):
+        raise TypeError(f"{name} must be a list of agent indices (e.g. [0, 3]), got {type(value).__name__} {value!r}")
+    return [check_int(f"{name}[]", k, 0) for k in (value.tolist() if isinstance(value, np.ndarray | torch.Tensor) else value)]
 
 
 def check_agents_per_round(agents_per_round: Any, n_agents: int) -> int | None:

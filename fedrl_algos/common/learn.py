@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from stable_baselines3.common import utils
@@ -38,6 +40,22 @@ class FederatedProgressBar(ProgressBarCallback):
     def _on_step(self) -> bool:
         self.pbar.update(self.model.num_timesteps - self._start - self.pbar.n)
         return True
+
+
+def check_optional_dict(name: str, value: Any) -> Mapping[str, Any] | None:
+    """``value`` if it is ``None`` or a mapping (a ``dict``) of keyword arguments (``policy_kwargs``,
+    ``algorithm_kwargs``, ...); ``TypeError`` naming ``name`` otherwise."""
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of keyword arguments or None, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_log_dir(name: str, value: Any) -> Any:
+    """``value`` if it is ``None``, a ``str`` or an ``os.PathLike`` (a directory to log into);
+    ``TypeError`` naming ``name`` otherwise, before ``learn`` would fail on it."""
+    if value is not None and not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name} must be a directory path (str or os.PathLike) or None, got {type(value).__name__} {value!r}")
+    return value
 
 
 def check_callback(callback: Any, name: str = "callback") -> None:

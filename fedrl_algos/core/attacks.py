@@ -18,13 +18,16 @@ draws the same amount for every row, so honest agents' numbers never depend on w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from fedrl_algos.core.directions import GradientEstimator
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.rng import RandomStreams, mix64
+from fedrl_envs.validation import check_real
 
 __all__ = [
     "ATTACKS",
@@ -105,13 +108,13 @@ class RandomNoise(Attack):
 
     The noise is scaled to each gradient's own range, so it stays large whatever the reward scale.
 
-    :param scale: noise amplitude in units of the gradient's range (FedPG-BR uses 3)
+    :param scale: noise amplitude in units of the gradient's range, finite ``> 0`` (FedPG-BR uses 3)
     """
 
     name = "random_noise"
 
     def __init__(self, scale: float = 3.0) -> None:
-        self.scale = float(scale)
+        self.scale = check_real("scale", scale, 0, low_inclusive=False)
 
     def gradient(self, grad: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
         u = streams.uniform((grad.shape[-1],), dtype=grad.dtype)
@@ -123,13 +126,13 @@ class RandomNoise(Attack):
 class SignFlip(Attack):
     """Report ``scale · g`` with a negative scale (FedPG-BR's sign-flipping attackers send −2.5·g).
 
-    :param scale: the multiplier (negative: ascent becomes descent)
+    :param scale: the multiplier, a finite number (negative: ascent becomes descent)
     """
 
     name = "sign_flip"
 
     def __init__(self, scale: float = -2.5) -> None:
-        self.scale = float(scale)
+        self.scale = check_real("scale", scale)
 
     def gradient(self, grad: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
         return torch.where(_rows(byzantine, grad, grad.dim() - 1), self.scale * grad, grad)
@@ -230,14 +233,14 @@ class FedScsPGAttack(Attack):
     tight cluster, placed ``scale·σ̂`` away from the honest mean: outside a filter radius of a few
     σ̂ only when ``scale`` is large enough. The agent axis must be the last batch axis.
 
-    :param scale: the offset in units of σ̂ (the reference code uses 3)
+    :param scale: the offset in units of σ̂, finite ``>= 0`` (the reference code uses 3)
     """
 
     name = "fedscspg"
     colluding = True
 
     def __init__(self, scale: float = 3.0) -> None:
-        self.scale = float(scale)
+        self.scale = check_real("scale", scale, 0)
 
     def gradient(self, grad: torch.Tensor, byzantine: torch.Tensor, streams: RandomStreams) -> torch.Tensor:
         mask = _rows(byzantine, grad, grad.dim() - 1)  # [*B, 1]
@@ -262,7 +265,7 @@ class ForgedSpread(Attack):
     factor tries to widen the filter so that the attack's gradients pass; a tiny one to narrow
     it so that honest agents are rejected (and the wider 2σ fallback decides).
 
-    :param factor: multiplier of the honest spread (> 0)
+    :param factor: multiplier of the honest spread, finite ``> 0``
     :param attack: the attack whose policy, trajectories and gradient the agent also applies
     :param name: registry name
     """
@@ -270,9 +273,7 @@ class ForgedSpread(Attack):
     name = "forged_spread"
 
     def __init__(self, factor: float = 1e3, attack: Attack | str | None = "sign_flip", name: str | None = None) -> None:
-        if isinstance(factor, bool) or not (isinstance(factor, int | float) and factor > 0):
-            raise ValueError(f"factor must be a number > 0, got {factor!r}")
-        self.factor = float(factor)
+        self.factor = check_real("factor", factor, 0, low_inclusive=False)
         self.attack = make_attack(attack)
         if name is not None:
             self.name = name
@@ -331,6 +332,32 @@ def make_attack(attack: str | Attack | None) -> Attack:
     raise ValueError(f"attack must be an Attack or one of {sorted(ATTACKS)}, got {attack!r}")
 
 
+def _bool_mask(name: str, value: Any) -> torch.Tensor:
+    """``value`` (a bool tensor, NumPy bool array or nested sequence of bools) as a bool tensor; ``TypeError``
+    naming ``name`` for anything else, agent indices and 0/1 integers included (never guessed from the values)."""
+    if isinstance(value, torch.Tensor):
+        array = None if value.dtype == torch.bool else value
+        if array is None:
+            return value.detach()
+    elif isinstance(value, np.ndarray | bool | np.bool_):
+        array = np.asarray(value)
+    elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        try:
+            array = np.asarray(value) if len(value) else np.zeros(0, dtype=np.bool_)
+        except ValueError:  # ragged
+            raise ValueError(f"{name} must be a rectangular boolean mask over agents, got {value!r}") from None
+    else:
+        raise TypeError(f"{name} must be a boolean mask over agents (a bool tensor, NumPy bool array or list of bools), "
+                        f"got {type(value).__name__}")
+    if isinstance(array, np.ndarray) and array.dtype == np.bool_:
+        return torch.from_numpy(array.copy())  # a copy: NumPy views may have negative strides
+    raise TypeError(
+        f"{name} must be a boolean mask over agents (a bool tensor, NumPy bool array or list of bools), got "
+        f"{type(value).__name__} of dtype {getattr(array, 'dtype', None)}: to mark agents by index, pass a boolean "
+        f"mask over agents built as mask = torch.zeros(n_agents, dtype=torch.bool); mask[indices] = True"
+    )
+
+
 class AttackedEstimator(GradientEstimator):
     """Wrap a gradient estimator so that the agents marked ``byzantine`` run ``attack``.
 
@@ -341,17 +368,20 @@ class AttackedEstimator(GradientEstimator):
 
     :param estimator: the honest estimator
     :param attack: the attack
-    :param byzantine: boolean mask over agents ``[n]`` (or broadcastable to the batch)
+    :param byzantine: boolean mask over agents ``[n]`` (or broadcastable to the batch): a bool tensor, a
+        NumPy bool array or a (nested) sequence of bools; agent indices are a ``TypeError`` (build the mask:
+        ``mask = torch.zeros(n, dtype=torch.bool); mask[indices] = True``)
     """
 
     #: the Byzantine mask is over the federation's agents ``[n]``
     per_agent_state: ClassVar[bool] = True
 
     def __init__(self, estimator: GradientEstimator, attack: Attack | str, byzantine: torch.Tensor) -> None:
+        byzantine = _bool_mask("byzantine", byzantine)
         super().__init__(estimator.policy, estimator.gamma)
         self.inner = estimator
         self.attack = make_attack(attack)
-        self.byzantine = torch.as_tensor(byzantine, dtype=torch.bool)
+        self.byzantine = byzantine
         self.name = f"{estimator.name}+{self.attack.name}"
         self._noise: RandomStreams | None = None
 

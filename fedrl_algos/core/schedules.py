@@ -10,8 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedrl_algos.core.directions import check_step_size
-from fedrl_envs.validation import check_int
+import numpy as np
+
+from fedrl_envs.validation import check_int, check_real
 
 __all__ = ["ExponentialStepSize", "LinearStepSize", "MomentumSchedule", "ConstantSchedule", "as_step_size", "as_momentum"]
 
@@ -25,14 +26,20 @@ class ExponentialStepSize:
     0.01 near t = 460 and a CartPole federation that had reached ~495 collapsed (measured; see the
     docs page). The cap ``maximum=1e-3`` is reached at t = 230.
 
-    :param initial: α_0
-    :param growth: factor per step (``1/0.99``: the paper; ``< 1``: a decaying schedule)
-    :param maximum: cap on α_t (``None``: none)
+    :param initial: α_0, a finite number ``>= 0`` (0: the steps stop)
+    :param growth: factor per step, finite ``> 0`` (``1/0.99``: the paper; ``< 1``: a decaying schedule)
+    :param maximum: cap on α_t, finite ``>= 0`` (``None``: none)
     """
 
     initial: float = 1e-4
     growth: float = 1 / 0.99
     maximum: float | None = 1e-3
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial", check_real("initial", self.initial, 0))
+        object.__setattr__(self, "growth", check_real("growth", self.growth, 0, low_inclusive=False))
+        if self.maximum is not None:
+            object.__setattr__(self, "maximum", check_real("maximum", self.maximum, 0))
 
     def __call__(self, t: int) -> float:
         if self.initial <= 0:
@@ -63,10 +70,9 @@ class LinearStepSize:
     final: float = 0.0
 
     def __post_init__(self) -> None:
-        check_step_size("initial", self.initial)
-        check_int("steps", self.steps)
-        if isinstance(self.final, bool) or not isinstance(self.final, int | float) or not 0.0 <= self.final <= 1.0:
-            raise ValueError(f"final must be a number in [0, 1], got {self.final!r}")
+        object.__setattr__(self, "initial", check_real("initial", self.initial, 0))
+        object.__setattr__(self, "steps", check_int("steps", self.steps))
+        object.__setattr__(self, "final", check_real("final", self.final, 0, 1))
 
     def __call__(self, t: int) -> float:
         return self.initial * max(1.0 - (t - 1) / self.steps, self.final)
@@ -79,12 +85,16 @@ class MomentumSchedule:
     The defaults (``c=3``, ``power=1``) are the paper's experimental setting ``ν = 1 − 3α``
     (section VI-A3); Theorem 1 uses ``ν_{t+1} = 1 − c_ν α_t²`` (``power=2`` with ``c = c_ν``).
 
-    :param c: the constant c
-    :param power: exponent of α_t
+    :param c: the constant c, a finite number (``<= 0``: ν_t = 1, no momentum, after the clip)
+    :param power: exponent of α_t, finite ``> 0`` (``<= 0`` would not decay with α_t, or divide by α_t = 0)
     """
 
     c: float = 3.0
     power: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "c", check_real("c", self.c))
+        object.__setattr__(self, "power", check_real("power", self.power, 0, low_inclusive=False))
 
     def __call__(self, t: int, alpha: float) -> float:
         return min(max(1.0 - self.c * alpha**self.power, 0.0), 1.0)
@@ -94,18 +104,27 @@ class MomentumSchedule:
 class ConstantSchedule:
     """A schedule that returns ``value`` whatever its arguments (a fixed step size or momentum).
 
-    :param value: the constant
+    :param value: the constant, a number ``>= 0`` (``inf`` is accepted: its updates are non-finite, and a round rejects them)
     """
 
     value: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", check_real("value", self.value, 0, finite=False))
 
     def __call__(self, *_: Any) -> float:
         return self.value
 
 
+def _is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number, Python or NumPy (bools are not)."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool | np.bool_)
+
+
 def as_step_size(value: Any, name: str = "step_size") -> Callable[[int], float]:
-    """A step-size schedule ``t -> α_t`` from a number ``>= 0`` (constant) or a callable; errors name ``name``."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    """A step-size schedule ``t -> α_t`` from a number ``>= 0`` (constant; Python or NumPy) or a callable;
+    errors name ``name``."""
+    if _is_real(value):
         if not value >= 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
         return ConstantSchedule(float(value))
@@ -115,8 +134,8 @@ def as_step_size(value: Any, name: str = "step_size") -> Callable[[int], float]:
 
 
 def as_momentum(value: Any) -> Callable[[int, float], float]:
-    """A momentum schedule ``(t, α_t) -> ν_t`` from a number in [0, 1] (constant) or a callable."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    """A momentum schedule ``(t, α_t) -> ν_t`` from a number in [0, 1] (constant; Python or NumPy) or a callable."""
+    if _is_real(value):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"momentum must be in [0, 1], got {value}")
         return ConstantSchedule(float(value))

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.agent_critic import AgentCriticMixin
-from fedrl_algos.common.base_class import FederatedAlgorithm, check_agents_per_round
+from fedrl_algos.common.base_class import FederatedAlgorithm, check_agent_indices, check_agents_per_round
 from fedrl_algos.common.evaluation import personalization_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ControlVariateStateMixin, ServerAdamStateMixin, check_control_variates
@@ -188,7 +188,7 @@ class FedAvgPG(AgentCriticMixin, ControlVariateStateMixin, ServerAdamStateMixin,
             raise ValueError(f"server_step_size must be a number > 0, got {server_step_size!r}")
         self.server_step_size = float(server_step_size)
         self.attack = make_attack(attack)
-        self.byzantine_agents = [check_int("byzantine_agents[]", k, 0) for k in byzantine_agents]
+        self.byzantine_agents = check_agent_indices("byzantine_agents", byzantine_agents)
         self.alpha = check_step_size("alpha", alpha)
         self.eval_adapt_trajectories = check_int("eval_adapt_trajectories", eval_adapt_trajectories, 0)
         self.agents_per_round = agents_per_round

@@ -23,14 +23,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.policies import ActorCriticPolicy
 
 from fedrl_algos.core.aggregation import OnReject, UpdateCheck, validate_updates, warn_rejected
 from fedrl_algos.core.aggregation import aggregate as server_average
+from fedrl_envs.validation import check_real
 
 #: A selector maps an SB3 model to the tensors of it that take part, by name.
 Selector = Callable[[BaseAlgorithm], dict[str, torch.Tensor]]
@@ -175,18 +177,15 @@ class ParameterAverage:
     unselected tensor, replay buffer and rollout buffer — are left as they are).
 
     :param selector: which tensors (default: :class:`PrefixSelector` of everything in the policy)
-    :param weights: optional non-negative per-agent weights (default: the plain mean)
+    :param weights: optional per-agent weights (default: the plain mean): a 1-d list, NumPy array or tensor
+        of finite real numbers ``>= 0`` (not bools), at least one ``> 0``
     """
 
     def __init__(self, selector: Selector | None = None, weights: Sequence[float] | torch.Tensor | None = None) -> None:
         if selector is not None and not callable(selector):
             raise ValueError(f"selector must be callable (model -> dict of tensors), got {selector!r}")
         self.selector = selector if selector is not None else PrefixSelector()
-        if weights is not None:
-            weights = torch.as_tensor(weights, dtype=torch.float64)
-            if weights.dim() != 1 or bool((weights < 0).any()) or not bool(weights.sum() > 0):
-                raise ValueError(f"weights must be a 1-d list of non-negative numbers, not all 0, got {weights.tolist()}")
-        self.weights = weights
+        self.weights = None if weights is None else _check_weights(weights)
 
     def __repr__(self) -> str:
         weights = None if self.weights is None else self.weights.tolist()
@@ -267,6 +266,31 @@ class ParameterAverage:
                     offset += t.numel()
         return {"dispersion": float(dispersion), "n_averaged": float(mean.numel()), "rejected_updates": float(check.n_rejected),
                 "skipped_round": 0.0}
+
+
+_WEIGHTS = "weights must be a 1-d list (or array, or tensor) of finite real numbers >= 0, not all 0"
+
+
+def _check_weights(weights: Any) -> torch.Tensor:
+    """``ParameterAverage``'s ``weights`` as a float64 CPU tensor ``[n]``; ``TypeError``/``ValueError`` naming them."""
+    if isinstance(weights, torch.Tensor):
+        if weights.dtype == torch.bool or weights.is_complex():
+            raise TypeError(f"{_WEIGHTS}, got a tensor of dtype {weights.dtype}")
+        w = weights.detach().to("cpu", torch.float64)
+    elif isinstance(weights, np.ndarray):
+        if weights.dtype.kind not in "iuf":
+            raise TypeError(f"{_WEIGHTS}, got an array of dtype {weights.dtype}")
+        w = torch.as_tensor(weights.astype(np.float64))
+    elif isinstance(weights, Sequence) and not isinstance(weights, str | bytes):
+        w = torch.tensor([check_real(f"weights[{i}]", v, 0) for i, v in enumerate(weights)], dtype=torch.float64)
+    else:
+        raise TypeError(f"{_WEIGHTS}, got {type(weights).__name__} {weights!r}")
+    if w.dim() != 1 or w.numel() == 0:
+        raise ValueError(f"{_WEIGHTS}, got shape {tuple(w.shape)}")
+    total = w.sum()
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or not (bool(total > 0) and bool(torch.isfinite(total))):
+        raise ValueError(f"{_WEIGHTS}, got {w.tolist()}")
+    return w
 
 
 def _structure(named: dict[str, torch.Tensor]) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ...]:

@@ -36,7 +36,7 @@ from stable_baselines3.common.type_aliases import MaybeCallback, TrainFrequencyU
 from stable_baselines3.common.vec_env import VecMonitor
 
 import fedrl_envs
-from fedrl_algos.common.learn import EnvFreeLearnMixin
+from fedrl_algos.common.learn import EnvFreeLearnMixin, check_optional_dict
 from fedrl_algos.common.model_file import (
     ModelFileError,
     class_path,
@@ -165,7 +165,7 @@ class FedAvgSB3(EnvFreeLearnMixin, BaseAlgorithm):
                          verbose=verbose, device=device, seed=seed, support_multi_env=True)
         self.algorithm_class = algorithm_class
         self.policy_name = policy
-        algorithm_kwargs = dict(algorithm_kwargs or {})
+        algorithm_kwargs = dict(check_optional_dict("algorithm_kwargs", algorithm_kwargs) or {})
         reserved = sorted({"policy", "env", "seed", "device", "verbose", "tensorboard_log"} & set(algorithm_kwargs))
         if reserved:
             raise ValueError(

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from fedrl_algos.common.agent_critic import AgentCriticMixin
-from fedrl_algos.common.base_class import FederatedAlgorithm
+from fedrl_algos.common.base_class import FederatedAlgorithm, check_agent_indices
 from fedrl_algos.common.evaluation import server_policy_metrics
 from fedrl_algos.common.round_protocol import RoundProtocol
 from fedrl_algos.common.server_state import ServerAdamStateMixin
@@ -26,7 +26,7 @@ from fedrl_algos.core.optim import check_server_optimizer
 from fedrl_algos.fedpg_br.protocol import FedPGBRProtocol
 from fedrl_algos.fedpg_br.update import FedPGBRUpdate, make_env_server_sampler, make_server_sampler, server_task_indices
 from fedrl_algos.policies import FlatPolicy
-from fedrl_envs.validation import check_bool, check_int
+from fedrl_envs.validation import check_bool, check_int, check_real
 
 __all__ = ["FedPGBR"]
 
@@ -189,15 +189,14 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         b_max = check_int("batch_range[1]", batch_range[1], b_min)
         self.batch_range = (b_min, b_max)
         self.inner_batch_size = check_int("inner_batch_size", inner_batch_size)
-        if not (sigma in ("auto", "auto_bound") or (isinstance(sigma, int | float) and not isinstance(sigma, bool) and sigma > 0)):
-            raise ValueError(f"sigma must be a number > 0, 'auto' or 'auto_bound', got {sigma!r}")
-        self.sigma = sigma
-        if not (isinstance(delta, int | float) and 0 < delta < 1):
-            raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-        self.delta = float(delta)
-        if not (isinstance(max_byzantine_fraction, int | float) and 0 <= max_byzantine_fraction < 0.5):
-            raise ValueError(f"max_byzantine_fraction must be in [0, 0.5), got {max_byzantine_fraction!r}")
-        self.max_byzantine_fraction = float(max_byzantine_fraction)
+        if isinstance(sigma, str):
+            if sigma not in ("auto", "auto_bound"):
+                raise ValueError(f"sigma must be a finite number > 0, 'auto' or 'auto_bound', got {sigma!r}")
+            self.sigma: float | str = sigma
+        else:  # an infinite radius would switch the filter off
+            self.sigma = check_real("sigma", sigma, 0, low_inclusive=False)
+        self.delta = check_real("delta", delta, 0, 1, low_inclusive=False, high_inclusive=False)
+        self.max_byzantine_fraction = check_real("max_byzantine_fraction", max_byzantine_fraction, 0, 0.5, high_inclusive=False)
         self._set_critic_settings(estimator, baseline, gae_lambda, n_critic_epochs, critic_learning_rate, critic_net_arch,
                                   critic_activation, critic_aggregation, critic_time_aware)
         self.estimator_name = estimator
@@ -207,7 +206,7 @@ class FedPGBR(AgentCriticMixin, ServerAdamStateMixin, FederatedAlgorithm):
         self.use_filter = check_bool("use_filter", use_filter)
         self.server_task = server_task
         self.attack = make_attack(attack)
-        self.byzantine_agents = [int(k) for k in byzantine_agents]
+        self.byzantine_agents = check_agent_indices("byzantine_agents", byzantine_agents)
         self.server_optimizer = check_server_optimizer("server_optimizer", server_optimizer)
         self.filter_history: list[list[bool]] = []
         self.env_steps_per_agent = 0.0

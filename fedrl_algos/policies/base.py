@@ -32,6 +32,7 @@ from fedrl_algos.core.estimators import autograd_hvp, autograd_score_gradient
 from fedrl_algos.core.protocols import KernelRolloutPlan
 from fedrl_algos.core.trajectories import Trajectories
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
+from fedrl_envs.validation import check_bool
 
 __all__ = ["FlatPolicy", "CategoricalMixin", "sample_categorical", "orthogonal_matrix", "check_init_gains"]
 
@@ -82,6 +83,8 @@ class FlatPolicy(BasePolicy):
 
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, dtype: torch.dtype = torch.float32) -> None:
         super().__init__(observation_space, action_space)
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch dtype (torch.float32 or torch.float64), got {dtype!r}")
         self.param_dtype = dtype
         self.theta = nn.Parameter(self.initial_parameters(), requires_grad=False)
 
@@ -203,7 +206,7 @@ class FlatPolicy(BasePolicy):
         values = np.asarray(observation) if not isinstance(observation, dict) else None
         if values is not None and values.dtype.kind in "fc" and not np.isfinite(values).all():
             raise ValueError(f"observation must be finite, got {int((~np.isfinite(values)).sum())} NaN or infinite values")
-        return super().predict(observation, state, episode_start, deterministic)
+        return super().predict(observation, state, episode_start, check_bool("deterministic", deterministic))
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()

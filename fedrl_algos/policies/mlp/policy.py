@@ -26,6 +26,7 @@ from fedrl_algos.policies.kernel_choice import check_policy_kernels
 from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs.rng import RandomStreams, derive_keys
+from fedrl_envs.validation import check_int
 
 __all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
 
@@ -148,7 +149,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             raise ValueError(f"init_std must give one value per weight layer ({n_layers}), got {init_std}")
         self.net_arch, self.init_std = list(net_arch), stds
         self.init_gains = None if init_gains is None else check_init_gains(init_gains, "(hidden, last)")
-        self.init_seed, self.log_std_init = int(init_seed), float(log_std_init)
+        self.init_seed, self.log_std_init = check_int("init_seed", init_seed, -(2**63)), float(log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
         self.squash = squash
         self.action_dim = out_dim
