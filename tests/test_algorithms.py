@@ -299,7 +299,7 @@ def test_more_bad_inputs_name_their_argument():
         PerFedAvgPG("TabularPolicy", GRID, seed="x")
     with pytest.raises(ValueError, match="device"):
         PerFedAvgPG("TabularPolicy", GRID, device="gpu")
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(TypeError, match="gamma"):  # a bool is not a discount (a wrong type, as everywhere)
         PerFedAvgPG("TabularPolicy", GRID, gamma=True)
     model = _grid_model()
     for bad in (25, -1, 1.5):

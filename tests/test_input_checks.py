@@ -213,3 +213,28 @@ def test_fedpg_br_filter_settings(kwargs, error, match):
         _cartpole("FedPGBR", **kwargs)
     model = _cartpole("FedPGBR", sigma=np.float32(2.0), delta=np.float32(0.5), max_byzantine_fraction=np.float64(0.2))
     assert (model.sigma, model.delta, model.max_byzantine_fraction) == (2.0, 0.5, pytest.approx(0.2))
+
+
+@pytest.mark.parametrize(("policy_kwargs", "error", "match"), [
+    (dict(init_std=float("nan")), ValueError, "init_std must be a finite number >= 0"),  # used to make most weights NaN
+    (dict(init_std="05"), TypeError, "init_std must be a number >= 0 or one per weight layer"),  # used to read [0.0, 5.0]
+    (dict(init_std=(0.5, float("inf"))), ValueError, r"init_std\[1\] must be a finite number"),
+    (dict(init_std=None), TypeError, "init_std must be"),
+    (dict(log_std_init=float("nan")), ValueError, "log_std_init must be a finite number"),
+])
+def test_mlp_initialization_is_checked(policy_kwargs, error, match):
+    from fedrl_algos.policies import MlpPolicy
+
+    env = gym.make("fedrl/Pendulum-v0")
+    with pytest.raises(error, match=match):
+        MlpPolicy(env.observation_space, env.action_space, **policy_kwargs)
+    policy = MlpPolicy(env.observation_space, env.action_space, net_arch=(8, 8), init_std=np.array([0.5, 0.1]),
+                       log_std_init=np.float32(-1))
+    assert policy.init_std == [0.5, 0.5, 0.1] and policy.log_std_init == -1.0
+
+
+@pytest.mark.parametrize(("gamma", "error"), [("0.9", TypeError), (True, TypeError), (1.5, ValueError), (float("nan"), ValueError)])
+def test_gamma_is_a_number_in_unit_interval(gamma, error):
+    with pytest.raises(error, match="gamma must be a"):
+        _cartpole(gamma=gamma)
+    assert _cartpole(gamma=np.float32(0.5)).gamma == 0.5

@@ -43,7 +43,7 @@ from fedrl_algos.policies import CnnPolicy, FlatPolicy, MlpPolicy, TabularPolicy
 from fedrl_envs.params import index_params, params_to, stack_params
 from fedrl_envs.rng import RandomStreams, derive_keys, seed_from_entropy
 from fedrl_envs.threads import fitted_threads
-from fedrl_envs.validation import check_bool, check_device, check_int, check_seed
+from fedrl_envs.validation import check_bool, check_device, check_int, check_real, check_seed
 from fedrl_envs.vector import FamilyVectorEnv
 from fedrl_wrappers import FederatedVecEnv
 
@@ -72,10 +72,8 @@ def adaptation_keys(seed: int | torch.Tensor, n_tasks: int) -> torch.Tensor:
 
 
 def check_gamma(gamma: Any) -> float:
-    """The discount as a ``float`` in [0, 1] (``ValueError`` naming ``gamma`` otherwise)."""
-    if isinstance(gamma, bool) or not (isinstance(gamma, int | float) and 0.0 <= gamma <= 1.0):
-        raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
-    return float(gamma)
+    """The discount as a ``float`` in [0, 1] (``TypeError`` for a non-number, ``ValueError`` outside, naming ``gamma``)."""
+    return check_real("gamma", gamma, 0.0, 1.0)
 
 
 #: the attributes :meth:`FederatedAlgorithm._bind_env` sets (restored when :meth:`~FederatedAlgorithm.set_env` refuses an env)

@@ -39,7 +39,7 @@ from gymnasium import spaces
 from fedrl_algos.policies.base import CategoricalMixin, FlatPolicy, check_init_gains, orthogonal_matrix
 from fedrl_algos.policies.heads import ActionHeadMixin, action_head_for, check_log_std_bounds
 from fedrl_envs.rng import RandomStreams, derive_keys
-from fedrl_envs.validation import check_bool, check_int
+from fedrl_envs.validation import check_bool, check_int, check_real
 
 __all__ = ["CONV_BATCHINGS", "CnnPolicy", "NATURE_CONVS", "orthogonal_matrix"]
 
@@ -119,7 +119,7 @@ class CnnPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             raise ValueError(f"features_dim must be a positive int, got {features_dim!r}")
         self.features_dim = int(features_dim)
         self.init_seed, self.init_gains = check_int("init_seed", init_seed, -(2**63)), check_init_gains(init_gains, "(features, head)")
-        self.log_std_init = float(log_std_init)
+        self.log_std_init = check_real("log_std_init", log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
         self.squash, self.action_dim = squash, out_dim
         self._obs_scale = 255.0 if normalize_images and observation_space.dtype == np.uint8 else None

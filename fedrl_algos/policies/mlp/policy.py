@@ -26,7 +26,7 @@ from fedrl_algos.policies.kernel_choice import check_policy_kernels
 from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs.rng import RandomStreams, derive_keys
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_int, check_real
 
 __all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
 
@@ -142,14 +142,19 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
             raise ValueError(f"net_arch must be a list of hidden layer sizes (positive ints, e.g. [64, 64]), got {net_arch!r}")
         self.sizes = [n_inputs, *[int(h) for h in net_arch], out_dim]
         n_layers = len(self.sizes) - 1
-        stds = [float(init_std)] * n_layers if isinstance(init_std, int | float) else [float(s) for s in init_std]
+        if isinstance(init_std, np.ndarray):
+            init_std = init_std.tolist()
+        if isinstance(init_std, str | bytes) or not isinstance(init_std, int | float | np.integer | np.floating | Sequence):
+            raise TypeError(f"init_std must be a number >= 0 or one per weight layer, got {init_std!r}")
+        stds = ([check_real("init_std", init_std, 0)] * n_layers if not isinstance(init_std, Sequence)
+                else [check_real(f"init_std[{k}]", s, 0) for k, s in enumerate(init_std)])
         if len(stds) == 2 and n_layers > 2:
             stds = [stds[0]] * (n_layers - 1) + [stds[1]]
         if len(stds) != n_layers:
             raise ValueError(f"init_std must give one value per weight layer ({n_layers}), got {init_std}")
         self.net_arch, self.init_std = list(net_arch), stds
         self.init_gains = None if init_gains is None else check_init_gains(init_gains, "(hidden, last)")
-        self.init_seed, self.log_std_init = check_int("init_seed", init_seed, -(2**63)), float(log_std_init)
+        self.init_seed, self.log_std_init = check_int("init_seed", init_seed, -(2**63)), check_real("log_std_init", log_std_init)
         self.log_std_bounds = check_log_std_bounds(log_std_bounds, self.log_std_init)
         self.squash = squash
         self.action_dim = out_dim
