@@ -321,7 +321,9 @@ class FederatedVecEnv(VectorEnv, ABC):
 
     def structured(self, batch: Any) -> Any:
         """View a flat batch ``[num_envs, ...]`` (tensor or array) as ``[n_agents, n_envs, ...]`` (no copy)."""
-        if batch.shape[0] != self.num_envs:
+        if not isinstance(batch, torch.Tensor | np.ndarray):
+            raise TypeError(f"batch must be a torch tensor or NumPy array of num_envs={self.num_envs} rows, got {type(batch).__name__}")
+        if batch.ndim == 0 or batch.shape[0] != self.num_envs:
             raise ValueError(f"batch must have num_envs={self.num_envs} rows, got shape {tuple(batch.shape)}")
         return batch.reshape(self.n_agents, self.n_envs, *batch.shape[1:])
 

@@ -238,3 +238,17 @@ def test_gamma_is_a_number_in_unit_interval(gamma, error):
     with pytest.raises(error, match="gamma must be a"):
         _cartpole(gamma=gamma)
     assert _cartpole(gamma=np.float32(0.5)).gamma == 0.5
+
+
+def test_save_and_structured_name_what_they_take(tmp_path):
+    model = PerFedAvgPG("TabularPolicy", GRID, seed=0, device="cpu")
+    with pytest.raises(TypeError, match="path must be a file path"):
+        model.save(5)
+    model.save(tmp_path / "m")  # a path without suffix gets .zip, as SB3
+    assert (tmp_path / "m.zip").is_file()
+    venv = FederatedVecEnv(GRID, 2, seed=0)
+    with pytest.raises(TypeError, match="batch must be a torch tensor or NumPy array"):
+        venv.structured([1, 2])
+    with pytest.raises(ValueError, match="batch must have num_envs"):
+        venv.structured(np.array(1.0))
+    assert venv.structured(np.arange(venv.num_envs)).shape == (venv.n_agents, venv.n_envs)

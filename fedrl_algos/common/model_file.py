@@ -535,6 +535,9 @@ def write_model_file(
     :param extra_members: further members (name → bytes)
     :return: the attributes saved as references only (see :func:`encode`)
     """
+    is_path = isinstance(path, str | os.PathLike)
+    if not is_path and not callable(getattr(path, "write", None)):
+        raise TypeError(f"path must be a file path (str or os.PathLike) or a writable binary file object, got {type(path).__name__} {path!r}")
     encoded, tensors, custom = encode(data, policy_aliases)
     data_json = json.dumps(encoded)
 
@@ -555,8 +558,8 @@ def write_model_file(
             archive.writestr("_stable_baselines3_version", sb3.__version__)
             archive.writestr("system_info.txt", get_system_info(print_info=False)[1])
 
-    if isinstance(path, str | pathlib.Path):
-        atomic_write(model_path(path), fill)
+    if is_path:
+        atomic_write(model_path(pathlib.Path(path)), fill)
     else:
         fill(path)
     return custom
