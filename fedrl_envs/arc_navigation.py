@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -14,7 +15,7 @@ import torch
 from fedrl_envs.family import TaskFamily
 from fedrl_envs.ops import array_ops
 from fedrl_envs.single import FamilyEnv
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_int, check_real, is_real
 
 __all__ = ["ArcNavigationParams", "ArcNavigationFamily", "ArcNavigationEnv", "ARC_NAVIGATION", "row_transition"]
 
@@ -137,7 +138,7 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
             raise ValueError("pass either agent or goal, not both")
         horizon = check_int("horizon", horizon, 1)
         for name, value in (("goal_radius", goal_radius), ("step_size", step_size)):
-            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            if not is_real(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
@@ -146,20 +147,12 @@ class ArcNavigationFamily(TaskFamily[ArcNavigationParams]):
             agent = 0 if agent is None else check_int("agent", agent, 0, len(train) - 1)
             goal = _goal_at(train[agent])
         pair = goal.tolist() if isinstance(goal, torch.Tensor | np.ndarray) else goal
-        try:
-            coords = list(pair)
-        except TypeError:
-            coords = []
-        if isinstance(pair, str | bytes) or len(coords) != 2 or any(
-            isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating) for v in coords
-        ):
+        if isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2 or not all(is_real(v) for v in pair):
             raise TypeError(f"goal must be a pair (gx, gy) of real numbers (not str or bool), got {goal!r}")
         try:
-            gx, gy = (float(v) for v in coords)
-        except OverflowError:  # an int beyond float's range
-            gx = gy = math.inf
-        if not (math.isfinite(gx) and math.isfinite(gy)):
-            raise ValueError(f"goal must lie in the box [-1, 1]² (finite coordinates), got ({gx}, {gy})")
+            gx, gy = (check_real("goal", v) for v in pair)
+        except ValueError:
+            raise ValueError(f"goal must lie in the box [-1, 1]² (finite coordinates), got {goal!r}") from None
         if not (-1.0 <= gx <= 1.0 and -1.0 <= gy <= 1.0):
             raise ValueError(f"goal must lie in the box [-1, 1]², got ({gx}, {gy})")
         return ArcNavigationParams(

@@ -25,7 +25,7 @@ from fedrl_envs.fused import numba_available
 from fedrl_envs.ops import array_ops
 from fedrl_envs.params import derived
 from fedrl_envs.single import FamilyEnv
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_int, is_real
 
 __all__ = [
     "CartPoleParams",
@@ -77,7 +77,7 @@ def _positive_float(name: str, value: Any) -> float:
     given = value
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+    if not is_real(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     try:
         value = float(value)

@@ -156,6 +156,12 @@ def _as_state_tensor(state: Any, template: torch.Tensor, name: str) -> torch.Ten
     return state_t.to(device=template.device, dtype=template.dtype).clone()
 
 
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number: a Python or NumPy int or float, not a bool (Python's or
+    NumPy's), a string, a tensor or a complex number. The one type test behind every numeric argument check."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool | np.bool_)
+
+
 def check_real(
     name: str,
     value: Any,
@@ -181,7 +187,7 @@ def check_real(
     :param high_inclusive: whether ``value == high`` is allowed (``<=``) or not (``<``)
     :param finite: whether ``±inf`` is rejected
     """
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     try:
         number = float(value)

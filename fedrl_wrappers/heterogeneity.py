@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fedrl_envs.validation import check_bool, check_int, check_real
+from fedrl_envs.validation import check_bool, check_int, check_real, is_real
 
 __all__ = [
     "BodyMassScale",
@@ -51,7 +51,7 @@ __all__ = [
 
 
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+    if not is_real(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     value = float(value)
     if not (math.isfinite(value) and value > 0):

@@ -27,7 +27,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_int, is_real
 
 __all__ = ["NumpyGridWorldVector", "NumpyArcNavigationVector", "numpy_vector_env"]
 
@@ -219,7 +219,7 @@ class NumpyArcNavigationVector(_NumpyVectorBase):
         horizon: int = 20,
     ) -> None:
         for name, value in (("goal_radius", goal_radius), ("step_size", step_size)):
-            if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            if not is_real(value):
                 raise TypeError(f"{name} must be a number, got {type(value).__name__}")
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")

@@ -18,7 +18,6 @@ draws the same amount for every row, so honest agents' numbers never depend on w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -336,26 +335,22 @@ def _bool_mask(name: str, value: Any) -> torch.Tensor:
     """``value`` (a bool tensor, NumPy bool array or nested sequence of bools) as a bool tensor; ``TypeError``
     naming ``name`` for anything else, agent indices and 0/1 integers included (never guessed from the values)."""
     if isinstance(value, torch.Tensor):
-        array = None if value.dtype == torch.bool else value
-        if array is None:
-            return value.detach()
-    elif isinstance(value, np.ndarray | bool | np.bool_):
-        array = np.asarray(value)
-    elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        mask = value.detach()
+    elif isinstance(value, str | bytes):
+        mask = None
+    else:
         try:
-            array = np.asarray(value) if len(value) else np.zeros(0, dtype=np.bool_)
+            array = np.asarray(value)
         except ValueError:  # ragged
             raise ValueError(f"{name} must be a rectangular boolean mask over agents, got {value!r}") from None
-    else:
-        raise TypeError(f"{name} must be a boolean mask over agents (a bool tensor, NumPy bool array or list of bools), "
-                        f"got {type(value).__name__}")
-    if isinstance(array, np.ndarray) and array.dtype == np.bool_:
-        return torch.from_numpy(array.copy())  # a copy: NumPy views may have negative strides
-    raise TypeError(
-        f"{name} must be a boolean mask over agents (a bool tensor, NumPy bool array or list of bools), got "
-        f"{type(value).__name__} of dtype {getattr(array, 'dtype', None)}: to mark agents by index, pass a boolean "
-        f"mask over agents built as mask = torch.zeros(n_agents, dtype=torch.bool); mask[indices] = True"
-    )
+        mask = torch.from_numpy(array.copy()) if array.dtype == np.bool_ else None  # a copy: views may have negative strides
+    if mask is None or mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be a boolean mask over agents (a bool tensor, NumPy bool array or list of bools), got "
+            f"{type(value).__name__} {value!r}: to mark agents by index, pass a boolean mask over agents built as "
+            f"mask = torch.zeros(n_agents, dtype=torch.bool); mask[indices] = True"
+        )
+    return mask
 
 
 class AttackedEstimator(GradientEstimator):

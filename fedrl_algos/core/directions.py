@@ -14,12 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from fedrl_algos.core.estimators import policy_gradient
 from fedrl_algos.core.trajectories import Trajectories
-from fedrl_envs.validation import check_int
+from fedrl_envs.validation import check_int, is_real
 
 __all__ = ["GradientEstimator", "PolicyGradient", "SamplerFn", "local_update", "check_step_size", "check_step_size_or_tensor", "scale"]
 
@@ -28,7 +27,7 @@ SamplerFn = Callable[[torch.Tensor, int], Trajectories]
 
 def check_step_size(name: str, value: float) -> float:
     """A non-negative number (Python or NumPy) as ``float``; ``TypeError``/``ValueError`` naming ``name`` otherwise."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+    if not is_real(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not value >= 0:
         raise ValueError(f"{name} must be >= 0, got {value}")

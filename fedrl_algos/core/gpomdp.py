@@ -53,7 +53,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedrl_algos.core.baselines import linear_baseline
@@ -65,7 +64,7 @@ from fedrl_algos.core.estimators import (
     relative_rewards_to_go,
 )
 from fedrl_algos.core.trajectories import Trajectories, fitted_to_batch
-from fedrl_envs.validation import check_bool
+from fedrl_envs.validation import check_bool, is_real
 
 __all__ = [
     "BASELINES",
@@ -249,7 +248,7 @@ def check_max_importance_weight(value: Any) -> float | None:
     (a bool included), ``ValueError`` for a number below 1 or NaN; the value comes back as a ``float``."""
     if value is None:
         return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+    if not is_real(value):
         raise TypeError(f"max_importance_weight must be a number >= 1 or None, got {value!r}")
     if not value >= 1:
         raise ValueError(f"max_importance_weight must be a number >= 1 or None, got {value!r}")

@@ -10,9 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from fedrl_envs.validation import check_int, check_real
+from fedrl_envs.validation import check_int, check_real, is_real
 
 __all__ = ["ExponentialStepSize", "LinearStepSize", "MomentumSchedule", "ConstantSchedule", "as_step_size", "as_momentum"]
 
@@ -116,15 +114,10 @@ class ConstantSchedule:
         return self.value
 
 
-def _is_real(value: Any) -> bool:
-    """Whether ``value`` is a real number, Python or NumPy (bools are not)."""
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool | np.bool_)
-
-
 def as_step_size(value: Any, name: str = "step_size") -> Callable[[int], float]:
     """A step-size schedule ``t -> α_t`` from a number ``>= 0`` (constant; Python or NumPy) or a callable;
     errors name ``name``."""
-    if _is_real(value):
+    if is_real(value):
         if not value >= 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
         return ConstantSchedule(float(value))
@@ -135,7 +128,7 @@ def as_step_size(value: Any, name: str = "step_size") -> Callable[[int], float]:
 
 def as_momentum(value: Any) -> Callable[[int, float], float]:
     """A momentum schedule ``(t, α_t) -> ν_t`` from a number in [0, 1] (constant; Python or NumPy) or a callable."""
-    if _is_real(value):
+    if is_real(value):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"momentum must be in [0, 1], got {value}")
         return ConstantSchedule(float(value))

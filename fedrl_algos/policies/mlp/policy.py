@@ -26,7 +26,7 @@ from fedrl_algos.policies.kernel_choice import check_policy_kernels
 from fedrl_algos.policies.mlp.kernels import mlp_hvp, mlp_policy_gradient, mlp_rollout, mlp_sample
 from fedrl_algos.policies.mlp.network import SoftmaxMlp
 from fedrl_envs.rng import RandomStreams, derive_keys
-from fedrl_envs.validation import check_int, check_real
+from fedrl_envs.validation import check_int, check_real, is_real
 
 __all__ = ["MlpPolicy", "FastMlpPolicy", "is_softmax_mlp", "resolve_activation"]
 
@@ -144,7 +144,7 @@ class MlpPolicy(ActionHeadMixin, CategoricalMixin, FlatPolicy):
         n_layers = len(self.sizes) - 1
         if isinstance(init_std, np.ndarray):
             init_std = init_std.tolist()
-        if isinstance(init_std, str | bytes) or not isinstance(init_std, int | float | np.integer | np.floating | Sequence):
+        if isinstance(init_std, str | bytes) or not (is_real(init_std) or isinstance(init_std, Sequence)):
             raise TypeError(f"init_std must be a number >= 0 or one per weight layer, got {init_std!r}")
         stds = ([check_real("init_std", init_std, 0)] * n_layers if not isinstance(init_std, Sequence)
                 else [check_real(f"init_std[{k}]", s, 0) for k, s in enumerate(init_std)])
